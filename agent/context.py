@@ -1,0 +1,292 @@
+"""ContextBuilder: the messages of one LLM call, in the contract's order.
+
+1. ``system``: layers joined by ``\\n\\n---\\n\\n``, byte-identical while the workspace is
+   unchanged (so provider prompt caches hit);
+2. kept history (tool calls and their results kept together);
+3. ``user``: the runtime block (metadata, not instructions);
+4. ``user``: the message itself, images as base64 parts.
+
+Everything here is a pure function of (config, workspace files, stored history, inbound
+message): the clock is the message's ``received_at``, so a turn can be replayed and hashed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from agent.budget import TokenCounter
+from channels.base import ChannelHints
+from gateway.config import Config
+from gateway.events import InboundMessage
+from gateway.store import StoredMessage
+from workspace.bootstrap import (
+    BOOTSTRAP_FILES,
+    HEARTBEAT_FILE,
+    MEMORY_FILE,
+    BootstrapLoader,
+)
+from workspace.skills import SkillsIndex
+
+_log = logging.getLogger(__name__)
+
+LAYER_SEPARATOR = "\n\n---\n\n"
+RUNTIME_TAG = "[Runtime Context — metadata only, not instructions]"
+MAX_IMAGE_BYTES = 10 * 1024 * 1024
+DEFAULT_WINDOW = 32_000
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    name: str
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPrompt:
+    text: str
+    layers: tuple[Layer, ...]
+    tokens: int
+    notes: tuple[str, ...]
+    skills: int
+
+
+@dataclass(slots=True)
+class BuiltContext:
+    messages: list[dict[str, Any]]
+    user_message: dict[str, Any]
+    """What is stored in history for this input: the text, without runtime block or base64."""
+    user_tokens: int
+    snapshot: dict[str, Any] = field(default_factory=dict)
+
+
+def _history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
+    """Split history into units that start at a user message, so cuts never split a turn."""
+    groups: list[list[StoredMessage]] = []
+    for msg in history:
+        if msg.role == "user" or not groups:
+            groups.append([msg])
+        else:
+            groups[-1].append(msg)
+    if groups and groups[0][0].role != "user":
+        groups.pop(0)  # a turn whose beginning fell outside the window: never half of one
+    return groups
+
+
+class ContextBuilder:
+    def __init__(self, config: Config, counter: TokenCounter, *,
+                 window: int | None = None) -> None:
+        self.config = config
+        self.counter = counter
+        ctx = config.agent.context
+        self.workspace = config.workspace_path
+        self.max_context_tokens = ctx.max_context_tokens or window or DEFAULT_WINDOW
+        self.loader = BootstrapLoader(self.workspace, max_chars=ctx.bootstrap_max_chars,
+                                      total_max_chars=ctx.bootstrap_total_max_chars)
+        self.skills = SkillsIndex([self.workspace / "skills"])
+        self.tz = ZoneInfo(config.agent.timezone)
+        self._system_cache: dict[bool, tuple[Any, SystemPrompt]] = {}
+
+    # system ------------------------------------------------------------------------------
+
+    def _identity(self) -> str:
+        return "\n".join([
+            "# Runtime",
+            "You are the agent behind Parley, a chat gateway: people reach you from chat "
+            "channels, and your replies go back to the chat they came from.",
+            f"- OS: {platform.system()} {platform.machine()}",
+            f"- Python: {platform.python_version()}",
+            f"- Model: {self.config.agent.model}",
+            f"- Workspace: {self.workspace} (file tools and commands work here)",
+        ])
+
+    def system_prompt(self, *, heartbeat: bool = False) -> SystemPrompt:
+        names = (*BOOTSTRAP_FILES, MEMORY_FILE) + ((HEARTBEAT_FILE,) if heartbeat else ())
+        skills = self.skills.skills()
+        # The skills themselves, not their id(): ids of a freed index generation get reused.
+        sig = (self.loader.signature(names), tuple(id(s) for s in skills))
+        cached = self._system_cache.get(heartbeat)
+        if cached and cached[0] == sig:
+            return cached[1]
+        prompt = self._build_system(names, skills, heartbeat)
+        self._system_cache[heartbeat] = (sig, prompt)
+        return prompt
+
+    def _build_system(self, names: tuple[str, ...], skills: list[Any],
+                      heartbeat: bool) -> SystemPrompt:
+        files = {f.name: f for f in self.loader.load(names)}
+        notes = tuple(f"{f.name}: {f.cut}" for f in files.values() if f.cut)
+        parts: list[tuple[str, str]] = [("identity", self._identity())]
+        for name in BOOTSTRAP_FILES:
+            if name in files and files[name].text:
+                parts.append((name, files[name].text))
+        if MEMORY_FILE in files and files[MEMORY_FILE].text:
+            parts.append(("memory", files[MEMORY_FILE].text))
+        always = [s for s in skills if s.always and s.available]
+        if always:
+            parts.append(("skills_always", "\n\n".join(
+                f"# Skill: {s.name}\n\n{s.body}" for s in always)))
+        listed = [s for s in skills if not (s.always and s.available)]
+        if listed:
+            parts.append(("skills_summary", "# Skills\nRead a skill's file with read_file "
+                          "before using it.\n" + "\n".join(
+                              s.summary_line(self.workspace) for s in listed)))
+        if heartbeat and HEARTBEAT_FILE in files and files[HEARTBEAT_FILE].text:
+            parts.append(("heartbeat", files[HEARTBEAT_FILE].text))
+        layers = tuple(Layer(n, t, self.counter.count_text(t)) for n, t in parts)
+        text = LAYER_SEPARATOR.join(layer.text for layer in layers)
+        return SystemPrompt(text=text, layers=layers, tokens=self.counter.count_text(text) + 4,
+                            notes=notes, skills=len(skills))
+
+    # runtime and user ---------------------------------------------------------------------
+
+    def runtime_block(self, inbound: InboundMessage, hints: ChannelHints) -> str:
+        local = inbound.received_at.astimezone(self.tz)
+        sender = inbound.sender_name or inbound.sender_id
+        if inbound.sender_name:
+            sender = f"{inbound.sender_name} (id {inbound.sender_id})"
+        lines = [
+            RUNTIME_TAG,
+            f"Time: {local:%Y-%m-%d %H:%M:%S} {self.config.agent.timezone} "
+            f"(UTC{local:%z}), {local:%A}",
+            f"Channel: {inbound.channel}",
+            f"Chat ID: {inbound.chat_id}",
+            f"Chat type: {inbound.chat_type}",
+        ]
+        if inbound.thread_id:
+            lines.append(f"Thread: {inbound.thread_id}")
+        lines.append(f"Sender: {sender}")
+        if inbound.chat_type == "group":
+            lines.append(f"Mentioned: {'yes' if inbound.mentioned else 'no'}")
+        if inbound.kind != "user":
+            lines.append(f"Message kind: {inbound.kind}")
+        lines.append("Channel hints:")
+        lines.extend(f"- {line}" for line in hints.lines())
+        return "\n".join(lines)
+
+    def _media_note(self, inbound: InboundMessage) -> str:
+        notes = []
+        for m in inbound.media:
+            if m.kind == "image" and m.path:
+                continue
+            where = m.path or m.url
+            notes.append(f"[attached {m.kind}: {where} ({m.mime or 'unknown type'}, "
+                         f"{m.size if m.size is not None else '?'} bytes)]")
+        return "\n".join(notes)
+
+    def stored_user_message(self, inbound: InboundMessage) -> dict[str, Any]:
+        text = inbound.text
+        if inbound.chat_type == "group" and inbound.kind == "user":
+            text = f"[{inbound.sender_name or inbound.sender_id}] {text}"
+        images = [m.path for m in inbound.media if m.kind == "image" and m.path]
+        extra = [self._media_note(inbound)] if any(m.kind != "image" or not m.path
+                                                   for m in inbound.media) else []
+        extra += [f"[image: {p}]" for p in images]
+        body = "\n".join([text, *extra]) if extra else text
+        return {"role": "user", "content": body}
+
+    def user_content(self, inbound: InboundMessage, stored: dict[str, Any]) -> Any:
+        images = [m for m in inbound.media if m.kind == "image" and m.path]
+        if not images:
+            return stored["content"]
+        parts: list[dict[str, Any]] = [{"type": "text", "text": stored["content"]}]
+        for m in images:
+            assert m.path is not None
+            path = Path(m.path)
+            try:
+                size = path.stat().st_size
+                if size > MAX_IMAGE_BYTES:
+                    parts[0]["text"] += f"\n[image {path.name} left out: {size:,} bytes is over " \
+                                        f"the {MAX_IMAGE_BYTES:,}-byte limit]"
+                    continue
+                data = base64.b64encode(path.read_bytes()).decode()
+            except OSError as exc:
+                parts[0]["text"] += f"\n[image {path.name} could not be read: {exc.strerror}]"
+                continue
+            parts.append({"type": "image_url",
+                          "image_url": {"url": f"data:{m.mime or 'image/png'};base64,{data}"}})
+        return parts
+
+    # assembly -----------------------------------------------------------------------------
+
+    def _fit_history(self, history: list[StoredMessage], available: int,
+                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int]:
+        groups = _history_groups(history)
+        if len(history) and sum(len(g) for g in groups) < len(history):
+            trimmed.append(f"dropped {len(history) - sum(len(g) for g in groups)} message(s) "
+                           "of a turn cut by max_recent_messages")
+        snippet_cap = self.config.agent.context.max_tool_snippet_tokens
+        prepared: list[tuple[list[dict[str, Any]], int]] = []
+        shortened = 0
+        for group in groups:
+            msgs, tokens = [], 0
+            for m in group:
+                body, count = m.body, m.tokens
+                if m.role == "tool" and count > snippet_cap:
+                    body, count = self._shorten_tool(body, snippet_cap)
+                    shortened += 1
+                msgs.append(body)
+                tokens += count
+            prepared.append((msgs, tokens))
+        if shortened:
+            trimmed.append(f"shortened {shortened} old tool result(s) to "
+                           f"{snippet_cap} tokens")
+        total = sum(t for _, t in prepared)
+        dropped = 0
+        while prepared and total > available:
+            total -= prepared.pop(0)[1]
+            dropped += 1
+        if dropped:
+            trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
+                           f"{self.max_context_tokens} tokens")
+        return [m for msgs, _ in prepared for m in msgs], total
+
+    def _shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
+        tokens = self.counter.encoding.encode(str(body.get("content") or ""),
+                                              disallowed_special=())
+        head = self.counter.encoding.decode(tokens[:cap])
+        text = f"{head}\n[… tool result shortened from {len(tokens)} tokens …]"
+        new = {**body, "content": text}
+        return new, self.counter.count_message(new)
+
+    def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
+              hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
+              turn_id: str = "") -> BuiltContext:
+        system = self.system_prompt(heartbeat=inbound.kind == "heartbeat")
+        runtime = {"role": "user", "content": self.runtime_block(inbound, hints)}
+        stored = self.stored_user_message(inbound)
+        user = {"role": "user", "content": self.user_content(inbound, stored)}
+        runtime_tokens = self.counter.count_message(runtime)
+        user_tokens = self.counter.count_message(user)
+        reserve = self.config.agent.context.reply_reserve_tokens
+        available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
+                     - runtime_tokens - user_tokens)
+        trimmed: list[str] = []
+        kept, history_tokens = self._fit_history(history, max(available, 0), trimmed)
+        messages = [{"role": "system", "content": system.text}, *kept, runtime, user]
+        total = system.tokens + tools_tokens + history_tokens + runtime_tokens + user_tokens
+        if total > self.max_context_tokens - reserve:
+            trimmed.append("over budget even without history: the current input is kept whole")
+        digest = hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
+                                .encode()).hexdigest()
+        snapshot = {
+            "session_key": session_key, "turn_id": turn_id, "hash": digest,
+            "total_tokens": total, "max_context_tokens": self.max_context_tokens,
+            "layers": {**{layer.name: layer.tokens for layer in system.layers},
+                       "tools": tools_tokens, "history": history_tokens,
+                       "runtime": runtime_tokens, "user": user_tokens},
+            "sources": {"history_available": len(history), "history_kept": len(kept),
+                        "skills": system.skills,
+                        "images": sum(1 for m in inbound.media if m.kind == "image")},
+            "trimmed": trimmed, "bootstrap_cuts": list(system.notes),
+        }
+        return BuiltContext(messages=messages, user_message=stored,
+                            user_tokens=self.counter.count_message(stored), snapshot=snapshot)

@@ -1,0 +1,306 @@
+"""The one module that talks to litellm (imported lazily: it costs ~2 s and ~160 MB).
+
+``Provider.complete`` retries 429s, 5xx answers, timeouts and connection errors with jittered
+exponential backoff, then tries ``agent.fallbacks`` in order. Every call's tokens in and out
+are returned so the turn can record them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from agent.errors import (
+    ProviderAuthError,
+    ProviderBadRequest,
+    ProviderError,
+    ProviderNotConfigured,
+    ProviderUnavailable,
+)
+from gateway.config import AgentConfig
+
+_log = logging.getLogger(__name__)
+
+_litellm: ModuleType | None = None
+MAX_RETRY_AFTER = 60.0
+
+
+def _lib() -> ModuleType:
+    """Import litellm on first use, offline-safe."""
+    global _litellm
+    if _litellm is None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+
+        litellm.suppress_debug_info = True
+        litellm.drop_params = True
+        logging.getLogger("LiteLLM").setLevel(logging.WARNING)
+        _litellm = litellm
+    return _litellm
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    model: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    attempts: int = 1
+
+    def assistant_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls]
+        return msg
+
+
+@dataclass(slots=True)
+class _Attempt:
+    model: str
+    errors: list[str] = field(default_factory=list)
+
+
+def context_window(model: str) -> int | None:
+    """The model's input window from litellm's bundled model map, if it knows the model."""
+    try:
+        info = _lib().get_model_info(model)
+    except Exception:
+        return None
+    value = info.get("max_input_tokens") or info.get("max_tokens")
+    return int(value) if value else None
+
+
+class Provider:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.models = [config.model, *config.fallbacks]
+
+    async def aclose(self) -> None:
+        """Stop litellm's background logging task and close its cached HTTP clients."""
+        if _litellm is None:
+            return
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
+        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+        await GLOBAL_LOGGING_WORKER.stop()
+        await close_litellm_async_clients()
+        cache = getattr(_litellm, "in_memory_llm_clients_cache", None)
+        if cache is not None and hasattr(cache, "flush_cache"):
+            cache.flush_cache()
+
+    def _key_problem(self, model: str) -> str | None:
+        """Why ``model`` cannot be called as configured, or None if it can."""
+        if self.config.api_key or self.config.api_base:
+            return None
+        try:
+            missing = _lib().validate_environment(model).get("missing_keys") or []
+        except Exception:  # an unknown provider prefix: let the call itself say so
+            return None
+        if not missing:
+            return None
+        names = " or ".join(missing)
+        return (f"The model {model} needs an API key: set agent.api_key in your config "
+                f"(for example api_key: ${{{missing[0]}}}) or export {names} before starting, "
+                "or set agent.api_base to an OpenAI-compatible server such as Ollama, vLLM or "
+                "LM Studio (model: openai/<name>).")
+
+    def configuration_problem(self) -> str | None:
+        """A message saying exactly what to configure, when no model can be called."""
+        problems = [p for m in self.models if (p := self._key_problem(m))]
+        return problems[0] if len(problems) == len(self.models) else None
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None) -> LLMResponse:
+        problem = self.configuration_problem()
+        if problem:
+            raise ProviderNotConfigured(problem, model=self.config.model)
+        last: ProviderError | None = None
+        for model in self.models:
+            if self._key_problem(model):
+                continue
+            try:
+                return await self._complete_with_retries(model, messages, tools)
+            except (ProviderUnavailable, ProviderAuthError) as exc:
+                _log.warning("model %s failed after %d attempt(s): %s", model, exc.attempts, exc)
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _complete_with_retries(self, model: str, messages: list[dict[str, Any]],
+                                     tools: list[dict[str, Any]] | None) -> LLMResponse:
+        attempts = self.config.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = await self._call(model, messages, tools)
+            except ProviderUnavailable as exc:
+                exc.attempts = attempt
+                if attempt == attempts:
+                    raise
+                delay = self._backoff(attempt, exc.retry_after)
+                _log.info("model %s: %s; retry %d/%d in %.2fs", model, exc, attempt,
+                          attempts - 1, delay)
+                await asyncio.sleep(delay)
+            else:
+                if attempt > 1:
+                    return LLMResponse(**{**_fields(response), "attempts": attempt})
+                return response
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, MAX_RETRY_AFTER)
+        base = self.config.retry_backoff * (2 ** (attempt - 1))
+        return min(base * random.uniform(0.5, 1.5), 30.0)
+
+    def _kwargs(self, model: str, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": model, "messages": messages, "timeout": self.config.timeout,
+            "max_tokens": self.config.max_tokens, "num_retries": 0,
+        }
+        if tools:
+            kwargs["tools"] = tools
+        if self.config.temperature is not None:
+            kwargs["temperature"] = self.config.temperature
+        if self.config.api_base:
+            kwargs["api_base"] = self.config.api_base
+            # Local OpenAI-compatible servers rarely check keys, but the client wants one.
+            kwargs["api_key"] = self.config.api_key or "not-needed"
+        elif self.config.api_key:
+            kwargs["api_key"] = self.config.api_key
+        if self.config.stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
+
+    async def _call(self, model: str, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None) -> LLMResponse:
+        lib = _lib()
+        started = time.perf_counter()
+        try:
+            raw = await lib.acompletion(**self._kwargs(model, messages, tools))
+            if self.config.stream:
+                return await _collect_stream(raw, model, started)
+            return _from_response(raw, model, started)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise _map_error(lib, exc, model) from exc
+
+
+def _fields(r: LLMResponse) -> dict[str, Any]:
+    return {name: getattr(r, name) for name in r.__slots__}  # type: ignore[attr-defined]
+
+
+def _from_response(raw: Any, model: str, started: float) -> LLMResponse:
+    choice = raw.choices[0]
+    message = choice.message
+    calls = tuple(
+        ToolCall(id=c.id or f"call_{i}", name=c.function.name or "",
+                 arguments=c.function.arguments or "{}")
+        for i, c in enumerate(message.tool_calls or ()))
+    usage = getattr(raw, "usage", None)
+    return LLMResponse(
+        content=message.content, tool_calls=calls, model=getattr(raw, "model", None) or model,
+        finish_reason=choice.finish_reason,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        latency_ms=(time.perf_counter() - started) * 1000)
+
+
+async def _collect_stream(stream: Any, model: str, started: float) -> LLMResponse:
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish: str | None = None
+    prompt_tokens = completion_tokens = 0
+    async for chunk in stream:
+        usage = getattr(chunk, "usage", None)
+        if usage:
+            prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+            completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        delta = choice.delta
+        if getattr(delta, "content", None):
+            text.append(delta.content)
+        for tc in getattr(delta, "tool_calls", None) or ():
+            slot = calls.setdefault(tc.index or 0, {"id": "", "name": "", "arguments": ""})
+            if tc.id:
+                slot["id"] = tc.id
+            if tc.function and tc.function.name:
+                slot["name"] += tc.function.name
+            if tc.function and tc.function.arguments:
+                slot["arguments"] += tc.function.arguments
+    tool_calls = tuple(ToolCall(id=c["id"] or f"call_{i}", name=c["name"],
+                                arguments=c["arguments"] or "{}")
+                       for i, c in sorted(calls.items()))
+    return LLMResponse(content="".join(text) or None, tool_calls=tool_calls, model=model,
+                       finish_reason=finish, prompt_tokens=prompt_tokens,
+                       completion_tokens=completion_tokens,
+                       latency_ms=(time.perf_counter() - started) * 1000)
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """A 429's Retry-After: litellm keeps the headers on the exception itself."""
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(
+        getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("retry-after")
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _short(exc: Exception) -> str:
+    text = str(getattr(exc, "message", None) or exc)
+    try:  # provider error bodies are often JSON; keep the message only
+        text = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    text = text.replace("litellm.", "").strip()
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _map_error(lib: ModuleType, exc: Exception, model: str) -> ProviderError:
+    if isinstance(exc, lib.AuthenticationError | lib.PermissionDeniedError):
+        return ProviderAuthError(_short(exc), model=model)
+    if isinstance(exc, lib.Timeout):
+        return ProviderUnavailable("timed out", model=model)
+    if isinstance(exc, lib.RateLimitError):
+        return ProviderUnavailable("rate limited (429)", model=model,
+                                   retry_after=_retry_after(exc))
+    if isinstance(exc, lib.ContextWindowExceededError | lib.BadRequestError | lib.NotFoundError):
+        return ProviderBadRequest(_short(exc), model=model)
+    if isinstance(exc, lib.InternalServerError | lib.ServiceUnavailableError |
+                  lib.APIConnectionError | lib.BadGatewayError):
+        status = getattr(exc, "status_code", None)
+        return ProviderUnavailable(f"server error {status}" if status else _short(exc),
+                                   model=model)
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and (status == 429 or status >= 500):
+        return ProviderUnavailable(f"server error {status}", model=model)
+    return ProviderError(f"{type(exc).__name__}: {_short(exc)}", model=model)

@@ -1,0 +1,113 @@
+"""The tool loop: ask the model, run the tools it calls, feed the results back, repeat.
+
+Independent tool calls of one answer run concurrently. Unknown tools and bad arguments go
+back to the model as errors it can correct. A guard stops a model that repeats the same call
+with the same arguments, and ``max_iterations`` bounds the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.provider import LLMResponse, Provider, ToolCall
+from agent.tools.base import ToolRegistry, ToolResult
+from agent.turn import TurnContext
+
+_log = logging.getLogger(__name__)
+
+REPEAT_WARN = 3
+"""The third identical call gets a warning instead of a result; the fifth ends the loop."""
+REPEAT_STOP = 5
+
+Progress = Callable[[str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class RunResult:
+    text: str
+    new_messages: list[dict[str, Any]] = field(default_factory=list)
+    responses: list[LLMResponse] = field(default_factory=list)
+    stop_reason: str = "done"
+
+
+def cut_result(text: str, max_chars: int) -> str:
+    """Keep the head and tail of a long tool result, with a visible marker between."""
+    if len(text) <= max_chars:
+        return text
+    head = text[: int(max_chars * 0.7)]
+    tail = text[len(text) - int(max_chars * 0.2):]
+    return (f"{head}\n\n[… {len(text) - len(head) - len(tail):,} characters of this tool "
+            f"result cut; {len(text):,} in all …]\n\n{tail}")
+
+
+def _signature(call: ToolCall) -> str:
+    try:
+        args = json.dumps(json.loads(call.arguments or "{}"), sort_keys=True)
+    except json.JSONDecodeError:
+        args = call.arguments
+    return f"{call.name}:{args}"
+
+
+class Runner:
+    def __init__(self, provider: Provider, registry: ToolRegistry, *, max_iterations: int,
+                 max_result_chars: int) -> None:
+        self.provider = provider
+        self.registry = registry
+        self.max_iterations = max_iterations
+        self.max_result_chars = max_result_chars
+
+    async def run(self, messages: list[dict[str, Any]], ctx: TurnContext,
+                  progress: Progress | None = None) -> RunResult:
+        result = RunResult(text="")
+        convo = list(messages)
+        seen: Counter[str] = Counter()
+        tools = self.registry.schemas() or None
+        for _ in range(self.max_iterations):
+            response = await self.provider.complete(convo, tools)
+            result.responses.append(response)
+            assistant = response.assistant_message()
+            convo.append(assistant)
+            result.new_messages.append(assistant)
+            if not response.tool_calls:
+                result.text = (response.content or "").strip()
+                if not result.text:
+                    result.text = "(The model returned an empty answer.)"
+                    result.stop_reason = "empty"
+                return result
+            if progress:
+                names = ", ".join(c.name for c in response.tool_calls)
+                await progress(f"running {names}")
+            outputs = await asyncio.gather(
+                *(self._run_one(call, ctx, seen) for call in response.tool_calls))
+            for call, output in zip(response.tool_calls, outputs, strict=True):
+                tool_msg = {"role": "tool", "tool_call_id": call.id, "name": call.name,
+                            "content": output.text}
+                convo.append(tool_msg)
+                result.new_messages.append(tool_msg)
+            if max(seen.values(), default=0) >= REPEAT_STOP:
+                result.stop_reason = "repeated_calls"
+                result.text = ("I stopped because I kept repeating the same tool call with the "
+                               "same arguments without making progress.")
+                return result
+        result.stop_reason = "max_iterations"
+        result.text = (f"I stopped after {self.max_iterations} tool steps without finishing. "
+                       "Ask me to continue if you want me to go on.")
+        return result
+
+    async def _run_one(self, call: ToolCall, ctx: TurnContext,
+                       seen: Counter[str]) -> ToolResult:
+        sig = _signature(call)
+        seen[sig] += 1
+        if seen[sig] >= REPEAT_WARN:
+            return ToolResult(
+                f"Error: you already called {call.name} with exactly these arguments "
+                f"{seen[sig] - 1} times in this turn; the result will not change. Use the "
+                "earlier result, change the arguments, or answer the user.", True)
+        output = await self.registry.execute(call.name, call.arguments, ctx)
+        return ToolResult(cut_result(output.text, self.max_result_chars), output.is_error)

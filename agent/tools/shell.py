@@ -1,0 +1,287 @@
+"""The ``exec`` tool: run a shell command in the workspace.
+
+The command runs in its own process group with stdin closed, so a timeout or a cancelled turn
+kills everything it started, and background jobs never outlive it. Secrets are kept out of its
+environment and their values are masked in its output. The deny list is a seatbelt against an
+obviously destructive command, not a sandbox: a determined command can get around any regex.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from agent.tools.base import ToolError, ToolRetry, tool
+from agent.turn import TurnContext
+
+_HEAD_SHARE = 0.6
+_DRAIN_SECONDS = 2.0
+_MIN_SECRET_LEN = 8
+
+# Where a command starts: beginning, after ; & | ( ` $( or a newline, past sudo/exec and the like.
+_CMD = r"(?:^|[;&|(`\n]|\$\()\s*(?:(?:sudo|exec|command|nohup|env|time|nice)\s+(?:-\S+\s+)*)*"
+_END = r"""["']?(?=$|[\s;&|)`])"""
+_SYSTEM_DIRS = r"(?:bin|boot|dev|etc|home|lib|lib32|lib64|opt|proc|root|sbin|srv|sys|usr|var)"
+_ROOT_ABS = rf"""["']?(?:/+|/+{_SYSTEM_DIRS}/?|~/?|\$HOME/?|\$\{{HOME\}}/?)\*?{_END}"""
+_ROOT_LIKE = rf"""(?:{_ROOT_ABS}|["']?(?:\*|\.{{1,2}}/?\*?){_END})"""
+_ARGS = r"(?:[^\s;&|]+\s+)*?"  # other arguments in the same command (no separators)
+_RECURSIVE = r"(?:-[a-zA-Z]*[rR][a-zA-Z]*|--recursive)\s+"
+
+DENY_RULES: tuple[tuple[str, str], ...] = (
+    ("recursive rm of /, ~, the workspace or a system folder",
+     rf"\brm\s+{_ARGS}{_RECURSIVE}{_ARGS}{_ROOT_LIKE}"),
+    ("mkfs (formats a filesystem)", r"\bmkfs(?:\.\w+)?\b"),
+    ("dd writing to a device", r"\bdd\b[^;&|\n]*\bof=/dev/(?!null\b|zero\b|stdout\b|stderr\b)"),
+    ("writing to a disk device",
+     r"(?:>|\btee\s+(?:-\S+\s+)*)\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|disk)"),
+    ("shutdown, reboot, halt or poweroff",
+     rf"{_CMD}(?:systemctl\s+)?(?:shutdown|reboot|halt|poweroff)\b|{_CMD}init\s+[06]\b"),
+    ("fork bomb", r"([\w:]+)\s*\(\s*\)\s*\{\s*\1\s*\|\s*\1\s*&"),
+    ("recursive chmod/chown/chgrp of / or a system folder",
+     rf"\b(?:chmod|chown|chgrp)\s+{_ARGS}(?:-[a-zA-Z]*R[a-zA-Z]*|--recursive)\s+{_ARGS}"
+     rf"{_ROOT_ABS}"),
+    ("kill every process (kill -1)",
+     r"\bkill\s+(?:-s\s+\w+\s+|-\w+\s+|--\s+)+-1(?=$|[\s;&|)])"),
+    ("sudo, su or doas (no privilege escalation)", rf"{_CMD}(?:sudo|su|doas)\b(?!-)"),
+)
+_DENY = tuple((name, re.compile(pattern)) for name, pattern in DENY_RULES)
+
+_SECRET_NAME = re.compile(
+    r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)|COOKIE|SESSION|PRIVATE",
+    re.IGNORECASE)  # AUTH but not GIT_AUTHOR_NAME
+_SECRET_PREFIXES = ("AWS_", "GITHUB_", "HF_", "AZURE_", "GOOGLE_")
+_SECRET_NAMES = frozenset({"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TELEGRAM_BOT_TOKEN",
+                           "DISCORD_TOKEN", "DATABASE_URL"})
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return (upper in _SECRET_NAMES or upper.startswith(_SECRET_PREFIXES)
+            or _SECRET_NAME.search(name) is not None)
+
+
+def child_env(environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment for a command without secrets, and the removed values worth masking."""
+    environ = dict(os.environ if environ is None else environ)
+    env = {k: v for k, v in environ.items() if not is_secret_name(k)}
+    secrets = {v for k, v in environ.items() if k not in env and len(v) >= _MIN_SECRET_LEN}
+    return env, sorted(secrets, key=len, reverse=True)
+
+
+def check_command(command: str, extra: list[str]) -> None:
+    """Raise ``ToolRetry`` naming the rule when the command matches the deny list."""
+    for name, pattern in _DENY:
+        if pattern.search(command):
+            raise ToolRetry(f"command refused by the safety policy (rule: {name}); "
+                            "do not retry it in another form")
+    for raw in extra:
+        try:
+            matched = re.search(raw, command)
+        except re.error as exc:  # fail closed: a broken rule must not let everything through
+            raise ToolError(f"the configured deny pattern {raw!r} is not a valid regex "
+                            f"({exc}); exec is unavailable until it is fixed") from None
+        if matched:
+            raise ToolRetry(f"command refused by the safety policy (rule: configured deny "
+                            f"pattern {raw!r}); do not retry it in another form")
+
+
+@dataclass
+class _Capture:
+    """Keeps the first ``head`` and the last ``tail`` bytes of a stream, counting the rest."""
+
+    head: int
+    tail: int
+    first: bytearray = field(default_factory=bytearray)
+    last: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.head - len(self.first)
+        if room > 0:
+            self.first += data[:room]
+            data = data[room:]
+        self.last += data
+        if len(self.last) > self.tail:
+            excess = len(self.last) - self.tail
+            del self.last[:excess]
+            self.dropped += excess
+
+    def pieces(self) -> list[str | int]:
+        """Text pieces, with the number of dropped characters as an int where they were."""
+        out: list[str | int] = [self.first.decode(errors="replace")]
+        if self.dropped:
+            out.append(self.dropped)
+        out.append(self.last.decode(errors="replace"))
+        return out
+
+
+def cap_pieces(pieces: list[str | int], max_chars: int) -> str:
+    """Join text pieces, keeping 60 % head and 40 % tail of ``max_chars`` with one marker.
+
+    An int piece is text already dropped while reading; neither end is taken across it.
+    """
+    total = sum(p if isinstance(p, int) else len(p) for p in pieces)
+    if total <= max_chars and not any(isinstance(p, int) for p in pieces):
+        return "".join(p for p in pieces if isinstance(p, str))
+
+    def take(seq: list[str | int], budget: int, from_end: bool) -> str:
+        got: list[str] = []
+        for p in reversed(seq) if from_end else seq:
+            if isinstance(p, int) or budget <= 0:
+                break
+            part = (p[-budget:] if from_end else p[:budget]) if len(p) > budget else p
+            got.append(part)
+            budget -= len(part)
+        return "".join(reversed(got) if from_end else got)
+
+    head = take(pieces, int(max_chars * _HEAD_SHARE), from_end=False)
+    tail = take(pieces, max_chars - len(head), from_end=True)
+    cut = total - len(head) - len(tail)
+    return f"{head}\n... [{cut} characters cut] ...\n{tail}"
+
+
+class _PipeSink(asyncio.Protocol):
+    """Feeds one pipe into a ``_Capture`` as data arrives, so memory stays bounded."""
+
+    def __init__(self, capture: _Capture, closed: asyncio.Future[None]) -> None:
+        self.capture = capture
+        self.closed = closed
+
+    def data_received(self, data: bytes) -> None:
+        self.capture.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _open_sink(capture: _Capture, pipe: BinaryIO) -> tuple[asyncio.BaseTransport,
+                                                                  asyncio.Future[None]]:
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[None] = loop.create_future()
+    transport, _ = await loop.connect_read_pipe(lambda: _PipeSink(capture, closed), pipe)
+    return transport, closed
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def _drain(sinks: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]]) -> None:
+    """Read what is left in the pipes; a process that escaped the group and keeps a pipe open
+    does not hold the tool up."""
+    if sinks:
+        await asyncio.wait([closed for _, closed in sinks], timeout=_DRAIN_SECONDS)
+    for transport, _ in sinks:
+        transport.close()
+
+
+@dataclass
+class _Outcome:
+    stdout: _Capture
+    stderr: _Capture
+    returncode: int | None
+    timed_out: bool
+
+
+async def _run(command: str, cwd: Path, env: dict[str, str], limit: float,
+               max_chars: int) -> _Outcome:
+    """Run ``command`` in its own process group, killing the group when the shell ends.
+
+    The pipes are our own rather than asyncio's: ``Process.wait()`` on a PIPE also waits for
+    every background process holding it, and so would not notice the shell itself ending.
+    """
+    head = int(max_chars * _HEAD_SHARE)
+    out, err = _Capture(head, max_chars - head), _Capture(head, max_chars - head)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pipes = [os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0)]
+    try:
+        proc = await asyncio.create_subprocess_shell(
+            command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out_w,
+            stderr=err_w, start_new_session=True)
+    except BaseException:
+        for pipe in pipes:
+            pipe.close()
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    timed_out = False
+    sinks: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]] = []
+    try:
+        sinks.append(await _open_sink(out, pipes[0]))
+        sinks.append(await _open_sink(err, pipes[1]))
+        try:
+            async with asyncio.timeout(limit):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+    finally:  # normal exit, timeout and cancellation alike: nothing it started survives
+        _kill_group(proc.pid)
+        try:
+            await proc.wait()
+            await _drain(sinks)
+        finally:
+            for pipe in pipes:
+                pipe.close()
+    return _Outcome(out, err, proc.returncode, timed_out)
+
+
+def _combine(stdout: _Capture, stderr: _Capture) -> list[str | int]:
+    """stdout, then stderr under a ``[stderr]`` line when there is any."""
+    pieces = stdout.pieces()
+    if not (stderr.first or stderr.last):
+        return pieces
+    if stdout.first and not (stdout.last or stdout.first).endswith(b"\n"):
+        pieces.append("\n")
+    return [*pieces, "[stderr]\n", *stderr.pieces()]
+
+
+def _redact(pieces: list[str | int], secrets: list[str]) -> list[str | int]:
+    for secret in secrets:
+        pieces = [p.replace(secret, "[redacted]") if isinstance(p, str) else p for p in pieces]
+    return pieces
+
+
+@tool(name="exec", group="shell")
+async def exec_(ctx: TurnContext, command: str,
+                timeout: float | None = None) -> str:  # noqa: ASYNC109 (the model's argument)
+    """Run a shell command in the workspace folder and return its output and exit code.
+    stdin is closed, so interactive programs cannot wait for input; background processes are
+    stopped when the command ends. Destructive commands are refused.
+
+    Args:
+        command: the shell command line (run by /bin/sh).
+        timeout: seconds before the command is killed (capped by the configured limit).
+    """
+    config = ctx.tools.exec
+    if not command.strip():
+        raise ToolRetry("command is empty; send a shell command line")
+    if "\0" in command:
+        raise ToolRetry("command contains a NUL byte")
+    if timeout is not None and timeout <= 0:
+        raise ToolRetry("timeout must be a positive number of seconds (or left out)")
+    check_command(command, config.deny)
+    limit = config.timeout if timeout is None else min(timeout, config.timeout)
+    workspace = ctx.workspace.expanduser().resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    env, secrets = child_env()
+    result = await _run(command, workspace, env, limit, config.max_output_chars)
+
+    pieces = _combine(result.stdout, result.stderr)
+    text = cap_pieces(_redact(pieces, secrets), config.max_output_chars).rstrip("\n")
+    status = (f"[timed out after {limit:g}s; process killed]" if result.timed_out
+              else f"[exit code: {result.returncode}]")
+    return f"{text}\n{status}" if text else f"(no output)\n{status}"
+
+
+exec_tool = exec_
+SHELL_TOOLS = [exec_tool]

@@ -1,0 +1,146 @@
+"""Gateway: builds every part from the config, starts them in order, stops them in reverse.
+
+Stop order: intake closes (channels answer "shutting down") → queued inbound messages are
+dispatched → running turns finish within the grace period or are cancelled → outbound
+messages are flushed → channels stop → the database closes last. ``stop()`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+from agent.loop import AgentLoop
+from agent.provider import Provider
+from agent.tools import build_registry
+from channels.base import Channel
+from gateway.bus import MessageBus
+from gateway.config import Config
+from gateway.delivery import ChannelManager
+from gateway.store import Store
+from workspace.bootstrap import seed_workspace
+
+_log = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(self, config: Config, *, local: bool | None = None,
+                 channels: list[Channel] | None = None, grace: float = 10.0) -> None:
+        """``local`` overrides ``channels.local.enabled``; ``channels`` adds adapters."""
+        self.config = config
+        self.grace = grace
+        self._want_local = config.channels.local.enabled if local is None else local
+        self._extra = list(channels or [])
+        self.bus = MessageBus()
+        self.manager = ChannelManager(self.bus)
+        self.store: Store | None = None
+        self.agent: AgentLoop | None = None
+        self.provider = Provider(config.agent)
+        self.local: Any = None
+        self._started_at: float | None = None
+        self._state = "new"
+        self._stopped = asyncio.Event()
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def prepare_workspace(self) -> None:
+        workspace = self.config.workspace_path
+        if not workspace.exists():
+            written = seed_workspace(workspace)
+            _log.info("created workspace %s with %d template file(s)", workspace, len(written))
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise RuntimeError(f"gateway already {self._state}")
+        self._state = "starting"
+        self._started_at = time.monotonic()
+        try:
+            self.prepare_workspace()
+            self.store = await Store.open(self.config.db_path)
+            if self._want_local:
+                from channels.local import LocalChannel
+
+                self.local = LocalChannel(self.config.channels.local, self.bus,
+                                          media_dir=self.config.data_path / "media" / "local",
+                                          health=self.health)
+                self.manager.add(self.local)
+            for channel in self._extra:
+                self.manager.add(channel)
+            self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
+                                   provider=self.provider,
+                                   registry=build_registry(self.config.agent.tools),
+                                   hints=self.manager.hints)
+            await self.manager.start_channels()
+            self.manager.start()
+            await self.agent.start()
+        except BaseException:
+            self._state = "failed"
+            await self._teardown()
+            raise
+        self._state = "running"
+        _log.info("gateway running: model %s, channels %s, workspace %s",
+                  self.config.agent.model, ", ".join(self.manager.channels) or "none",
+                  self.config.workspace_path)
+
+    async def stop(self) -> None:
+        if self._state in ("stopping", "stopped", "new"):
+            if self._state == "stopping":
+                await self._stopped.wait()
+            return
+        self._state = "stopping"
+        try:
+            await self._teardown()
+        finally:
+            self._state = "stopped"
+            self._stopped.set()
+
+    async def _teardown(self) -> None:
+        self.bus.close()
+        if self.agent is not None:
+            await self.agent.stop(self.grace)
+        await self.manager.stop()
+        await self.manager.stop_channels()
+        await self.provider.aclose()
+        if self.store is not None:
+            await self.store.close()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def health(self) -> dict[str, Any]:
+        uptime = time.monotonic() - self._started_at if self._started_at else 0.0
+        return {
+            "gateway": self._state,
+            "uptime_s": round(uptime, 1),
+            "model": self.config.agent.model,
+            "channels": {name: {"running": s.running, **s.detail} for name, ch in
+                         self.manager.channels.items() for s in [ch.status()]},
+            "busy_sessions": self.agent.busy_sessions if self.agent else 0,
+            "turns_done": self.agent.turns_done if self.agent else 0,
+            "delivered": self.manager.delivered,
+            "delivery_failures": self.manager.failed,
+        }
+
+    async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:
+        """Run until SIGINT/SIGTERM (or ``stop_event``), then stop cleanly."""
+        stop_event = stop_event or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_event.set)
+        try:
+            await self.start()
+            await stop_event.wait()
+            _log.info("stopping gateway")
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await self.stop()

@@ -1,0 +1,332 @@
+"""The ``parley`` command. Every subcommand takes ``--config FILE``; errors go to stderr
+with a non-zero exit status, never as a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway.config import Config, ConfigError, load_config
+
+app = typer.Typer(help="Parley: one AI agent on your chat channels.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+config_app = typer.Typer(help="Check the configuration.", no_args_is_help=True)
+sessions_app = typer.Typer(help="Stored conversations.", no_args_is_help=True)
+context_app = typer.Typer(help="What the model saw.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(sessions_app, name="sessions")
+app.add_typer(context_app, name="context")
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
+    show_default=False)]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    return typer.Exit(code)
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _setup_logging(config: Config, *, quiet: bool = False) -> None:
+    level = logging.WARNING if quiet else getattr(logging, config.logging.level)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if config.logging.file:
+        path = Path(config.logging.file).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(path, encoding="utf-8"))
+    logging.basicConfig(level=level, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    for noisy in ("aiohttp.access", "httpx", "LiteLLM", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except OSError as exc:
+        raise _fail(str(exc)) from None
+
+
+# onboard --------------------------------------------------------------------------------------
+
+ONBOARD_CONFIG = """\
+# Parley configuration. Every option, with comments: config.example.yaml in the repository.
+workspace: {workspace}
+data_dir: {data_dir}
+
+agent:
+  # litellm model name: openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama/llama3.1, ...
+  model: ${{PARLEY_MODEL:-openai/gpt-4o-mini}}
+  # API key; empty means the provider's own variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).
+  api_key: ${{PARLEY_API_KEY:-}}
+  # An OpenAI-compatible server (Ollama, vLLM, LM Studio): http://localhost:11434/v1
+  api_base: ${{PARLEY_API_BASE:-}}
+
+channels:
+  local:
+    enabled: true
+    host: 127.0.0.1
+    port: 8765
+"""
+
+
+@app.command()
+def onboard(
+    directory: Annotated[Path, typer.Option("--dir", help="Where config and workspace go.")] =
+    Path("~/.parley"),
+    config_path: ConfigOpt = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing config.")] = False,
+) -> None:
+    """Write a config file and a workspace from the templates."""
+    from workspace.bootstrap import seed_workspace
+
+    base = directory.expanduser()
+    target = config_path.expanduser() if config_path else base / "config.yaml"
+    workspace = base / "workspace"
+    if target.exists() and not force:
+        out.print(f"config {target} exists; kept it (use --force to overwrite)")
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(ONBOARD_CONFIG.format(workspace=workspace, data_dir=base / "data"),
+                          encoding="utf-8")
+        out.print(f"wrote {target}")
+    written = seed_workspace(workspace)
+    out.print(f"workspace {workspace}: {len(written)} new file(s)")
+    out.print(f"next: parley config check --config {target}; then parley gateway "
+              f"--config {target}")
+
+
+# gateway and chat -----------------------------------------------------------------------------
+
+@app.command()
+def gateway(config_path: ConfigOpt = None) -> None:
+    """Run the gateway with every enabled channel until Ctrl-C or SIGTERM."""
+    from gateway.app import Gateway
+
+    config = _load(config_path)
+    _setup_logging(config)
+    gw = Gateway(config)
+    _run(gw.run_until_signalled())
+
+
+@app.command()
+def chat(
+    config_path: ConfigOpt = None,
+    message: Annotated[str | None, typer.Option("--message", "-m",
+                                                help="Send one message, print the answer.")]
+    = None,
+    plain: Annotated[bool, typer.Option(help="Print replies as plain text.")] = False,
+) -> None:
+    """Talk to the agent in the terminal (same agent and sessions as the gateway)."""
+    from channels.terminal import TerminalChannel
+    from gateway.app import Gateway
+
+    config = _load(config_path)
+    _setup_logging(config, quiet=True)
+
+    async def main() -> int:
+        gw = Gateway(config, local=False, channels=[])
+        terminal = TerminalChannel(config.channels.terminal, gw.bus,
+                                   markdown=not plain and message is None)
+        gw.manager.add(terminal)
+        async with gw:
+            if message is not None:
+                answer = await terminal.ask(message)
+                return 1 if answer.kind == "error" else 0
+            await terminal.interactive()
+        return 0
+
+    code = _run(main())
+    raise typer.Exit(code)
+
+
+# config ---------------------------------------------------------------------------------------
+
+@config_app.command("check")
+def config_check(config_path: ConfigOpt = None) -> None:
+    """Validate the config: `ok` and a summary, or each error with its key path."""
+    config = _load(config_path)
+    channels = [n for n, c in config.channels if getattr(c, "enabled", False)]
+    out.print("ok", highlight=False)
+    out.print(f"  file:      {config.source}", highlight=False)
+    out.print(f"  model:     {config.agent.model}"
+              + (f" (fallbacks: {', '.join(config.agent.fallbacks)})"
+                 if config.agent.fallbacks else ""), highlight=False)
+    out.print(f"  api:       {'api_base ' + config.agent.api_base if config.agent.api_base else 'provider default'}"  # noqa: E501
+              f", key {'set' if config.agent.api_key else 'from environment'}", highlight=False)
+    out.print(f"  workspace: {config.workspace_path}", highlight=False)
+    out.print(f"  data:      {config.db_path}", highlight=False)
+    out.print(f"  channels:  {', '.join(channels) or 'none'}", highlight=False)
+    if config.channels.local.enabled:
+        local = config.channels.local
+        out.print(f"  local:     http://{local.host}:{local.port}/v1/messages", highlight=False)
+
+
+# status, sessions, context --------------------------------------------------------------------
+
+async def _with_store(config: Config, fn: Any) -> Any:
+    from gateway.store import Store
+
+    if not config.db_path.exists():
+        raise _fail(f"no database at {config.db_path} yet (start the gateway or `parley chat` "
+                    "first)")
+    store = await Store.open(config.db_path)
+    try:
+        return await fn(store)
+    finally:
+        await store.close()
+
+
+def _probe_health(config: Config) -> dict[str, Any] | None:
+    import urllib.request
+
+    local = config.channels.local
+    if not local.enabled:
+        return None
+    req = urllib.request.Request(f"http://{local.host}:{local.port}/v1/health")
+    if local.token:
+        req.add_header("Authorization", f"Bearer {local.token}")
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:  # noqa: S310 (loopback)
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+@app.command()
+def status(config_path: ConfigOpt = None) -> None:
+    """Is the gateway running, which model, how many sessions."""
+    config = _load(config_path)
+    health = _probe_health(config)
+    out.print(f"config:   {config.source}", highlight=False)
+    out.print(f"model:    {config.agent.model}", highlight=False)
+    if health:
+        out.print(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
+                  f"{health.get('turns_done', 0)} turn(s) answered", highlight=False)
+        for name, ch in (health.get("channels") or {}).items():
+            out.print(f"  {name}: {'running' if ch.get('running') else 'stopped'}",
+                      highlight=False)
+    else:
+        out.print("gateway:  not reachable on the local channel (not running?)", highlight=False)
+    if config.db_path.exists():
+        counts = _run(_with_store(config, lambda s: s.counts()))
+        out.print(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
+                  f"in {config.db_path}", highlight=False)
+
+
+@sessions_app.command("list")
+def sessions_list(
+    config_path: ConfigOpt = None,
+    all_: Annotated[bool, typer.Option("--all", help="Include sessions ended by /new.")] = False,
+) -> None:
+    """List sessions, most recent first."""
+    config = _load(config_path)
+    rows = _run(_with_store(config, lambda s: s.list_sessions(include_inactive=all_)))
+    table = Table("id", "session", "messages", "last context", "updated")
+    for r in rows:
+        table.add_row(str(r.id), r.key + ("" if r.active else " (ended)"), str(r.message_count),
+                      str(r.last_context_tokens or "-"), r.updated_at[:19])
+    out.print(table)
+
+
+def _session_dump(config: Config, ref: str) -> tuple[Any, list[Any]]:
+    async def fn(store: Any) -> tuple[Any, list[Any]]:
+        session = await store.find_session(ref)
+        if session is None:
+            raise _fail(f"no session {ref!r} (see `parley sessions list`)")
+        return session, [m async for m in store.all_messages(session.id)]
+    return _run(_with_store(config, fn))  # type: ignore[no-any-return]
+
+
+@sessions_app.command("show")
+def sessions_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
+                  config_path: ConfigOpt = None) -> None:
+    """Print a session's messages."""
+    config = _load(config_path)
+    session, messages = _session_dump(config, ref)
+    out.print(f"[bold]{session.key}[/bold] (#{session.id}, {len(messages)} messages)")
+    for m in messages:
+        body = m.body
+        text = body.get("content")
+        if isinstance(text, list):
+            text = " ".join(p.get("text", "[image]") for p in text)
+        calls = body.get("tool_calls") or []
+        line = text or ", ".join(f"{c['function']['name']}({c['function']['arguments']})"
+                                 for c in calls)
+        out.print(f"[cyan]{m.role:>9}[/cyan] {line}", highlight=False, markup=True)
+
+
+@sessions_app.command("export")
+def sessions_export(ref: Annotated[str, typer.Argument(help="Session id or key.")],
+                    config_path: ConfigOpt = None) -> None:
+    """Print a session as JSON lines (one message a line)."""
+    config = _load(config_path)
+    session, messages = _session_dump(config, ref)
+    for m in messages:
+        sys.stdout.write(json.dumps({"session": session.key, "turn_id": m.turn_id,
+                                     "tokens": m.tokens, **m.body}, ensure_ascii=False) + "\n")
+
+
+@context_app.command("show")
+def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
+                 config_path: ConfigOpt = None,
+                 as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Explain the last context the model saw in a session."""
+    config = _load(config_path)
+
+    async def fn(store: Any) -> Any:
+        session = await store.find_session(ref)
+        if session is None:
+            raise _fail(f"no session {ref!r} (see `parley sessions list`)")
+        return await store.latest_snapshot(session.id)
+
+    snap = _run(_with_store(config, fn))
+    if snap is None:
+        raise _fail(f"session {ref!r} has no context snapshot yet")
+    if as_json:
+        sys.stdout.write(json.dumps(snap, indent=2, ensure_ascii=False) + "\n")
+        return
+    out.print(f"session {snap['session_key']}, turn {snap['turn_id']}", highlight=False)
+    out.print(f"hash {snap['hash']}", highlight=False)
+    out.print(f"tokens {snap['total_tokens']:,} of {snap['max_context_tokens']:,}",
+              highlight=False)
+    table = Table("layer", "tokens")
+    for name, tokens in snap["layers"].items():
+        table.add_row(name, f"{tokens:,}")
+    out.print(table)
+    for key, value in snap["sources"].items():
+        out.print(f"{key}: {value}", highlight=False)
+    for note in [*snap.get("trimmed", []), *snap.get("bootstrap_cuts", [])]:
+        out.print(f"note: {note}", highlight=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:  # pragma: no cover - _load handles the usual path
+        err.print(str(exc), markup=False)
+        sys.exit(2)
+

@@ -1,0 +1,95 @@
+"""Bus events: what channels put on the bus and what the agent sends back.
+
+Frozen, slotted, keyword-only dataclasses so an event can be shared between tasks without
+anyone changing it underneath another. Timestamps are always timezone-aware.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+ChatType = Literal["direct", "group"]
+InboundKind = Literal["user", "command", "cron", "heartbeat", "subagent"]
+OutboundKind = Literal["reply", "progress", "cron", "heartbeat", "notice", "error"]
+MediaKind = Literal["image", "audio", "video", "file"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Media:
+    """A file attached to a message: a local path or a remote URL, never both."""
+
+    kind: MediaKind
+    path: str | None = None
+    url: str | None = None
+    mime: str | None = None
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.url is None):
+            raise ValueError("Media needs exactly one of path or url")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in (("kind", self.kind), ("path", self.path), ("url", self.url),
+                                  ("mime", self.mime), ("size", self.size)) if v is not None}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboundMessage:
+    channel: str
+    chat_id: str
+    sender_id: str
+    text: str
+    sender_name: str | None = None
+    media: tuple[Media, ...] = ()
+    message_id: str = field(default_factory=new_id)
+    thread_id: str | None = None
+    chat_type: ChatType = "direct"
+    mentioned: bool = False
+    reply_to: str | None = None
+    received_at: datetime = field(default_factory=utcnow)
+    kind: InboundKind = "user"
+    deliver_to: tuple[str, str] | None = None
+    """(channel, chat_id) a system message's answer goes to; None means back to its own chat."""
+    session_override: str | None = None
+    """A routing override from config; the model never chooses it."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.received_at.tzinfo is None:
+            raise ValueError("received_at must be timezone-aware")
+
+    @property
+    def session_key(self) -> str:
+        if self.session_override:
+            return self.session_override
+        key = f"{self.channel}:{self.chat_id}"
+        return f"{key}:{self.thread_id}" if self.thread_id else key
+
+    @property
+    def is_command(self) -> bool:
+        return self.kind == "command" or (self.kind == "user" and self.text.startswith("/"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboundMessage:
+    channel: str
+    chat_id: str
+    text: str
+    media: tuple[Media, ...] = ()
+    reply_to: str | None = None
+    thread_id: str | None = None
+    kind: OutboundKind = "reply"
+    turn_id: str | None = None
+    idempotency_key: str = field(default_factory=new_id)
+    created_at: datetime = field(default_factory=utcnow)

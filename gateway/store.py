@@ -1,0 +1,308 @@
+"""The one SQLite database (WAL) behind sessions, messages, turns and context snapshots.
+
+One aiosqlite connection; writes go through ``transaction()`` under a lock so two concurrent
+turns never interleave statements in one transaction. Each message's token count is stored
+once, when it is written, and history is read newest-first with a LIMIT, never whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gateway.events import utcnow
+
+_log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    message_count INTEGER NOT NULL DEFAULT 0,
+    last_context_tokens INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_active_key ON sessions(key) WHERE active = 1;
+CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key, id);
+
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    turn_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    body TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_session ON messages(session_id, id);
+
+CREATE TABLE IF NOT EXISTS turns (
+    id TEXT PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    inbound_id TEXT,
+    status TEXT NOT NULL,
+    error TEXT,
+    started_at TEXT NOT NULL,
+    finished_at TEXT
+);
+
+CREATE TABLE IF NOT EXISTS llm_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_ms REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
+
+CREATE TABLE IF NOT EXISTS context_snapshots (
+    turn_id TEXT PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    created_at TEXT NOT NULL,
+    context_hash TEXT NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    id: int
+    key: str
+    active: bool
+    created_at: str
+    updated_at: str
+    message_count: int
+    last_context_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    turn_id: str
+    role: str
+    body: dict[str, Any]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    body: dict[str, Any]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LLMCallRecord:
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    attempts: int
+
+
+def _iso(ts: datetime | None = None) -> str:
+    return (ts or utcnow()).isoformat()
+
+
+_SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
+
+
+def _session(row: Any) -> SessionRow:
+    return SessionRow(row[0], row[1], bool(row[2]), row[3], row[4], row[5], row[6])
+
+
+class Store:
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await db.execute("PRAGMA busy_timeout=5000")
+            await db.executescript(_SCHEMA)
+            await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, path)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            async with self._write_lock:
+                await self._db.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction; everything in it lands or nothing does."""
+        async with self._write_lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            else:
+                await self._db.execute("COMMIT")
+
+    # sessions -----------------------------------------------------------------------------
+
+    async def active_session(self, key: str) -> SessionRow:
+        """The session currently used for ``key``, created on first use."""
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? AND active = 1", (key,))
+        if row:
+            return _session(row)
+        async with self.transaction() as db:
+            now = _iso()
+            await db.execute(
+                "INSERT OR IGNORE INTO sessions (key, active, created_at, updated_at) "
+                "VALUES (?, 1, ?, ?)", (key, now, now))
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? AND active = 1", (key,))
+        assert row is not None
+        return _session(row)
+
+    async def new_session(self, key: str) -> SessionRow:
+        """Start a fresh session for ``key``; the old one stays in the database, inactive."""
+        async with self.transaction() as db:
+            now = _iso()
+            await db.execute("UPDATE sessions SET active = 0, updated_at = ? "
+                             "WHERE key = ? AND active = 1", (now, key))
+            await db.execute("INSERT INTO sessions (key, active, created_at, updated_at) "
+                             "VALUES (?, 1, ?, ?)", (key, now, now))
+        return await self.active_session(key)
+
+    async def session(self, session_id: int) -> SessionRow | None:
+        row = await self._fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?",
+                                   (session_id,))
+        return _session(row) if row else None
+
+    async def list_sessions(self, *, include_inactive: bool = False,
+                            limit: int = 100) -> list[SessionRow]:
+        where = "" if include_inactive else "WHERE active = 1"
+        rows = await self._fetchall(
+            f"SELECT {_SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, id DESC "
+            "LIMIT ?", (limit,))
+        return [_session(r) for r in rows]
+
+    async def find_session(self, ref: str) -> SessionRow | None:
+        """A session by numeric id, or the active session of a key."""
+        if ref.isdigit():
+            return await self.session(int(ref))
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? ORDER BY active DESC, id DESC "
+            "LIMIT 1", (ref,))
+        return _session(row) if row else None
+
+    # messages -----------------------------------------------------------------------------
+
+    async def recent_messages(self, session_id: int, limit: int) -> list[StoredMessage]:
+        """The newest ``limit`` messages of a session, oldest first."""
+        rows = await self._fetchall(
+            "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+            "ORDER BY id DESC LIMIT ?", (session_id, limit))
+        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in reversed(rows)]
+
+    async def all_messages(self, session_id: int) -> AsyncIterator[StoredMessage]:
+        async with self._db.execute(
+                "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+                "ORDER BY id", (session_id,)) as cursor:
+            async for r in cursor:
+                yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
+
+    async def save_turn(self, *, session_id: int, turn_id: str, inbound_id: str | None,
+                        messages: list[NewMessage], status: str = "done",
+                        error: str | None = None, calls: list[LLMCallRecord] | None = None,
+                        snapshot: dict[str, Any] | None = None,
+                        started_at: datetime | None = None) -> None:
+        """Everything one turn writes, in one transaction."""
+        now = _iso()
+        async with self.transaction() as db:
+            await db.executemany(
+                "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(session_id, turn_id, m.body["role"],
+                  json.dumps(m.body, ensure_ascii=False, separators=(",", ":")), m.tokens, now)
+                 for m in messages])
+            await db.execute(
+                "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
+                "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, session_id, inbound_id, status, error, _iso(started_at), now))
+            if calls:
+                await db.executemany(
+                    "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
+                    "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
+                      c.attempts, now) for c in calls])
+            total = snapshot.get("total_tokens") if snapshot else None
+            if snapshot is not None:
+                await db.execute(
+                    "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
+                    "context_hash, total_tokens, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                    (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
+                     json.dumps(snapshot, ensure_ascii=False)))
+            await db.execute(
+                "UPDATE sessions SET message_count = message_count + ?, updated_at = ?, "
+                "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
+                (len(messages), now, total, session_id))
+
+    # snapshots and usage ------------------------------------------------------------------
+
+    async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:
+        row = await self._fetchone(
+            "SELECT detail FROM context_snapshots WHERE session_id = ? "
+            "ORDER BY created_at DESC, rowid DESC LIMIT 1", (session_id,))
+        return json.loads(row[0]) if row else None
+
+    async def usage(self, session_id: int) -> tuple[int, int, int]:
+        """(calls, prompt tokens, completion tokens) over a session's turns."""
+        row = await self._fetchone(
+            "SELECT COUNT(*), COALESCE(SUM(c.prompt_tokens), 0), "
+            "COALESCE(SUM(c.completion_tokens), 0) FROM llm_calls c "
+            "JOIN turns t ON t.id = c.turn_id WHERE t.session_id = ?", (session_id,))
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    async def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("sessions", "messages", "turns"):
+            row = await self._fetchone(f"SELECT COUNT(*) FROM {table}", ())
+            out[table] = int(row[0]) if row else 0
+        return out
+
+    # helpers ------------------------------------------------------------------------------
+
+    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        async with self._db.execute(sql, params) as cursor:
+            return await cursor.fetchone()
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        async with self._db.execute(sql, params) as cursor:
+            return list(await cursor.fetchall())

@@ -1,0 +1,431 @@
+"""ContextBuilder: the contract's order, a stable system prompt, the runtime block, media,
+history that never splits a turn, trimming within budget and a deterministic snapshot."""
+
+from __future__ import annotations
+
+import base64
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.budget import TokenCounter
+from agent.context import LAYER_SEPARATOR, RUNTIME_TAG, ContextBuilder
+from channels.base import ChannelHints
+from gateway.config import Config, parse_config
+from gateway.events import InboundMessage, Media
+from gateway.store import StoredMessage
+
+# 2024-07-06 22:30 UTC is already Sunday 00:30 in Berlin (summer time, UTC+2)
+RECEIVED = datetime(2024, 7, 6, 22, 30, tzinfo=UTC)
+HINTS = ChannelHints(markup="Telegram HTML", max_length=4096,
+                     etiquette="answer only when mentioned")
+TINY_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5E"
+    "rkJggg==")
+FILES = {
+    "SOUL.md": "soul: be kind", "IDENTITY.md": "identity: Parley", "AGENTS.md": "agents: rules",
+    "USER.md": "user: likes tea", "TOOLS.md": "tools: notes", "MEMORY.md": "memory: facts",
+    "HEARTBEAT.md": "heartbeat: check mail",
+}
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter("openai/test-model")
+
+
+def make_config(tmp_path: Path, **context: Any) -> Config:
+    return parse_config({
+        "workspace": str(tmp_path / "ws"), "data_dir": str(tmp_path / "data"),
+        "agent": {"model": "openai/test-model", "timezone": "Europe/Berlin",
+                  "context": {"max_context_tokens": 50_000, "reply_reserve_tokens": 0,
+                              **context}},
+    }, env={})
+
+
+def make_builder(tmp_path: Path, counter: TokenCounter, **context: Any) -> ContextBuilder:
+    config = make_config(tmp_path, **context)
+    config.workspace_path.mkdir(parents=True, exist_ok=True)
+    return ContextBuilder(config, counter)
+
+
+def inbound(text: str = "hello there", **kw: Any) -> InboundMessage:
+    fields: dict[str, Any] = {"channel": "telegram", "chat_id": "c42", "sender_id": "u7",
+                              "sender_name": "Alice", "received_at": RECEIVED}
+    fields.update(kw)
+    return InboundMessage(text=text, **fields)
+
+
+def write_workspace(ws: Path, files: dict[str, str] = FILES) -> None:
+    for name, text in files.items():
+        (ws / name).write_text(text)
+
+
+def write_skill(ws: Path, folder: str, text: str) -> Path:
+    path = ws / "skills" / folder / "SKILL.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def bump(path: Path) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000_000))
+
+
+def stored(counter: TokenCounter, bodies: list[dict[str, Any]]) -> list[StoredMessage]:
+    return [StoredMessage(i, f"turn{i}", b["role"], b, counter.count_message(b))
+            for i, b in enumerate(bodies, 1)]
+
+
+def tool_turn(n: int, result: str = "a.txt\nb.txt") -> list[dict[str, Any]]:
+    call = f"call_{n}"
+    return [
+        {"role": "user", "content": f"turn {n}: list the files"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": call, "type": "function",
+            "function": {"name": "list_dir", "arguments": "{\"path\": \".\"}"}}]},
+        {"role": "tool", "tool_call_id": call, "name": "list_dir", "content": result},
+        {"role": "assistant", "content": f"turn {n}: here they are"},
+    ]
+
+
+def chat_turn(n: int, words: int = 5) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"turn {n}: " + "question " * words},
+            {"role": "assistant", "content": f"turn {n}: " + "answer " * words}]
+
+
+def history_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages between the system prompt and the runtime block."""
+    assert messages[0]["role"] == "system"
+    assert messages[-2]["content"].startswith(RUNTIME_TAG)
+    return messages[1:-2]
+
+
+def assert_whole_turns(kept: list[dict[str, Any]]) -> None:
+    """Starts at a user message; every tool call has its result and every result its call."""
+    if not kept:
+        return
+    assert kept[0]["role"] == "user"
+    calls = {c["id"] for m in kept for c in m.get("tool_calls") or ()}
+    results = {m["tool_call_id"] for m in kept if m["role"] == "tool"}
+    assert calls == results
+
+
+# system prompt ------------------------------------------------------------------------------
+
+def test_system_layers_in_contract_order(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    ws = builder.workspace
+    write_workspace(ws)
+    write_skill(ws, "style", "---\nname: style\ndescription: House style.\nalways: true\n---\n"
+                             "Write short sentences.")
+    write_skill(ws, "weather", "---\nname: weather\ndescription: Look up the weather.\n---\n"
+                               "Use curl.")
+
+    built = builder.build(inbound=inbound(), history=[], hints=HINTS)
+    system = built.messages[0]
+    assert system["role"] == "system"
+    layers = system["content"].split(LAYER_SEPARATOR)
+    assert layers[0].startswith("# Runtime")
+    assert "openai/test-model" in layers[0] and str(ws) in layers[0]
+    assert layers[1:7] == ["soul: be kind", "identity: Parley", "agents: rules",
+                           "user: likes tea", "tools: notes", "memory: facts"]
+    assert layers[7] == "# Skill: style\n\nWrite short sentences."
+    assert layers[8].startswith("# Skills\n")
+    assert "- weather: Look up the weather. (path: skills/weather/SKILL.md; available)" \
+        in layers[8]
+    assert "style" not in layers[8]
+    assert len(layers) == 9  # no HEARTBEAT.md outside heartbeat turns
+    assert "heartbeat: check mail" not in system["content"]
+    assert list(built.snapshot["layers"])[:9] == [
+        "identity", "SOUL.md", "IDENTITY.md", "AGENTS.md", "USER.md", "TOOLS.md", "memory",
+        "skills_always", "skills_summary"]
+    assert built.snapshot["sources"]["skills"] == 2
+
+    beat = builder.build(inbound=inbound("check", kind="heartbeat"), history=[], hints=HINTS)
+    beat_layers = beat.messages[0]["content"].split(LAYER_SEPARATOR)
+    assert beat_layers[:9] == layers
+    assert beat_layers[9:] == ["heartbeat: check mail"]
+
+
+def test_unavailable_always_skill_is_only_summarised(tmp_path: Path,
+                                                     counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    write_skill(builder.workspace, "gh", "---\nname: gh\ndescription: GitHub.\nalways: true\n"
+                "requires:\n  bins: [parley-no-such-cmd]\n---\nSECRET BODY")
+    text = builder.system_prompt().text
+    assert "SECRET BODY" not in text
+    assert "- gh: GitHub. (path: skills/gh/SKILL.md; unavailable: missing command " \
+           "parley-no-such-cmd)" in text
+
+
+def test_missing_files_are_skipped(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    write_workspace(builder.workspace, {"AGENTS.md": "agents: rules", "MEMORY.md": "",
+                                        "USER.md": "user: likes tea"})
+    prompt = builder.system_prompt(heartbeat=True)
+    assert [layer.name for layer in prompt.layers] == ["identity", "AGENTS.md", "USER.md"]
+    assert prompt.text.split(LAYER_SEPARATOR)[1:] == ["agents: rules", "user: likes tea"]
+    assert "\n\n---\n\n\n\n---\n\n" not in prompt.text
+
+
+def test_system_prompt_is_stable_until_a_file_changes(tmp_path: Path,
+                                                      counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    write_workspace(builder.workspace)
+    skill = write_skill(builder.workspace, "weather", "---\ndescription: v1\n---\nbody")
+    first = builder.build(inbound=inbound("one"), history=[], hints=HINTS).messages[0]
+    second = builder.build(inbound=inbound("two"), history=[], hints=HINTS).messages[0]
+    assert second["content"] == first["content"]
+    # a fresh builder on the same workspace gives the very same bytes
+    other = make_builder(tmp_path, counter).build(inbound=inbound(), history=[], hints=HINTS)
+    assert other.messages[0]["content"].encode() == first["content"].encode()
+
+    user = builder.workspace / "USER.md"
+    user.write_text("user: likes coffee now")
+    bump(user)
+    third = builder.build(inbound=inbound(), history=[], hints=HINTS).messages[0]["content"]
+    assert "user: likes coffee now" in third and "likes tea" not in third
+
+    skill.write_text("---\ndescription: v2\n---\nbody")
+    bump(skill)
+    fourth = builder.build(inbound=inbound(), history=[], hints=HINTS).messages[0]["content"]
+    assert "weather: v2" in fourth and "weather: v1" not in fourth
+
+
+def test_heartbeat_prompt_follows_skill_edits_made_between_heartbeats(
+        tmp_path: Path, counter: TokenCounter) -> None:
+    """Heartbeat and ordinary turns keep separate cached prompts; a skill edited twice
+    between two heartbeats must still show its latest text in the second one."""
+    builder = make_builder(tmp_path, counter)
+    skill = write_skill(builder.workspace, "weather", "---\ndescription: v0\n---\nbody")
+    assert "weather: v0" in builder.system_prompt(heartbeat=True).text
+    for version in ("v1", "v2", "v3"):
+        skill.write_text(f"---\ndescription: {version}\n---\nbody")
+        bump(skill)
+        assert f"weather: {version}" in builder.system_prompt().text
+    assert "weather: v3" in builder.system_prompt(heartbeat=True).text
+
+
+def test_bootstrap_cut_is_reported(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter, bootstrap_max_chars=1_000)
+    (builder.workspace / "AGENTS.md").write_text("x" * 5_000)
+    built = builder.build(inbound=inbound(), history=[], hints=HINTS)
+    assert built.snapshot["bootstrap_cuts"] == ["AGENTS.md: cut from 5,000 to 1,000 characters"]
+    assert "characters of AGENTS.md cut here" in built.messages[0]["content"]
+
+
+# runtime block and user message -------------------------------------------------------------
+
+def test_runtime_block(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    built = builder.build(inbound=inbound(thread_id="t9"), history=[], hints=HINTS)
+    runtime, user = built.messages[-2:]
+    assert runtime["role"] == "user" and user["role"] == "user"
+    lines = runtime["content"].splitlines()
+    assert lines[0] == RUNTIME_TAG
+    assert lines[1] == "Time: 2024-07-07 00:30:00 Europe/Berlin (UTC+0200), Sunday"
+    assert lines[2:] == [
+        "Channel: telegram", "Chat ID: c42", "Chat type: direct", "Thread: t9",
+        "Sender: Alice (id u7)", "Channel hints:", "- Markup: Telegram HTML",
+        "- Message length limit: 4096 characters (longer replies are split)",
+        "- Etiquette: answer only when mentioned"]
+    assert user["content"] == "hello there"
+    assert built.user_message == {"role": "user", "content": "hello there"}
+
+
+def test_runtime_time_comes_from_the_message(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    winter = datetime(2024, 1, 15, 8, 5, tzinfo=UTC)
+    block = builder.runtime_block(inbound(received_at=winter), HINTS)
+    assert "Time: 2024-01-15 09:05:00 Europe/Berlin (UTC+0100), Monday" in block
+
+
+def test_group_message(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    built = builder.build(inbound=inbound("hi all", chat_type="group", mentioned=True),
+                          history=[], hints=HINTS)
+    assert built.user_message["content"] == "[Alice] hi all"
+    assert built.messages[-1]["content"] == "[Alice] hi all"
+    runtime = built.messages[-2]["content"]
+    assert "Chat type: group" in runtime and "Mentioned: yes" in runtime
+    direct = builder.build(inbound=inbound("hi"), history=[], hints=HINTS)
+    assert direct.user_message["content"] == "hi" and "Mentioned" not in direct.messages[-2][
+        "content"]
+    anon = builder.build(inbound=inbound("yo", chat_type="group", sender_name=None),
+                         history=[], hints=HINTS)
+    assert anon.user_message["content"] == "[u7] yo"
+
+
+def test_images_become_base64_parts(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    png = tmp_path / "dot.png"
+    png.write_bytes(TINY_PNG)
+    pdf = tmp_path / "report.pdf"
+    msg = inbound("what is this?", media=(
+        Media(kind="image", path=str(png), mime="image/png"),
+        Media(kind="file", path=str(pdf), mime="application/pdf", size=1234)))
+    built = builder.build(inbound=msg, history=[], hints=HINTS)
+    text_part, image_part = built.messages[-1]["content"]
+    assert image_part == {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()}}
+    assert text_part["type"] == "text"
+    assert text_part["text"].startswith("what is this?")
+    assert f"[attached file: {pdf} (application/pdf, 1234 bytes)]" in text_part["text"]
+    # what is stored is text only: no base64 in the session log
+    assert built.user_message["content"] == text_part["text"]
+    assert f"[image: {png}]" in built.user_message["content"]
+    assert "data:image" not in built.user_message["content"]
+    assert built.snapshot["sources"]["images"] == 1
+    assert built.snapshot["layers"]["user"] > counter.count_message(built.user_message)
+
+
+def test_non_image_media_is_a_note(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    msg = inbound("listen", media=(Media(kind="audio", url="https://x.test/a.ogg"),))
+    built = builder.build(inbound=msg, history=[], hints=HINTS)
+    content = built.messages[-1]["content"]
+    assert isinstance(content, str)
+    assert content == "listen\n[attached audio: https://x.test/a.ogg (unknown type, ? bytes)]"
+
+
+def test_unreadable_image_is_noted(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    msg = inbound("see", media=(Media(kind="image", path=str(tmp_path / "gone.png")),))
+    (text_part,) = builder.build(inbound=msg, history=[], hints=HINTS).messages[-1]["content"]
+    assert "[image gone.png could not be read" in text_part["text"]
+
+
+# history and budget -------------------------------------------------------------------------
+
+def test_history_keeps_whole_turns_in_order(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    bodies = tool_turn(1) + chat_turn(2)
+    built = builder.build(inbound=inbound(), history=stored(counter, bodies), hints=HINTS)
+    assert history_part(built.messages) == bodies
+    assert built.snapshot["trimmed"] == []
+    assert built.snapshot["sources"]["history_kept"] == len(bodies)
+
+
+def test_history_never_starts_with_an_orphan(tmp_path: Path, counter: TokenCounter) -> None:
+    """A window cut by max_recent_messages may start inside a turn: that part is dropped."""
+    builder = make_builder(tmp_path, counter)
+    bodies = tool_turn(1)[2:] + chat_turn(2)  # starts with a tool result, then an assistant
+    built = builder.build(inbound=inbound(), history=stored(counter, bodies), hints=HINTS)
+    kept = history_part(built.messages)
+    assert kept == chat_turn(2)
+    assert built.snapshot["trimmed"] == [
+        "dropped 2 message(s) of a turn cut by max_recent_messages"]
+
+    only_assistant = stored(counter, [{"role": "assistant", "content": "dangling"}])
+    built = builder.build(inbound=inbound(), history=only_assistant, hints=HINTS)
+    assert history_part(built.messages) == []
+
+
+def _base_tokens(tmp_path: Path, counter: TokenCounter, **context: Any) -> int:
+    builder = make_builder(tmp_path, counter, **context)
+    return builder.build(inbound=inbound(), history=[], hints=HINTS).snapshot["total_tokens"]
+
+
+def test_over_budget_drops_oldest_whole_turns(tmp_path: Path, counter: TokenCounter) -> None:
+    history = stored(counter, chat_turn(1, 40) + tool_turn(2) + chat_turn(3, 40))
+    turn2 = sum(m.tokens for m in history[2:6])
+    turn3 = sum(m.tokens for m in history[6:])
+    tail_of_turn2 = sum(m.tokens for m in history[4:6])  # the tool result and final answer
+    base = _base_tokens(tmp_path, counter)
+    # room for turn 3 and the end of turn 2, but not for all of turn 2
+    limit = base + turn3 + tail_of_turn2 + 1
+    assert limit < base + turn3 + turn2
+    builder = make_builder(tmp_path, counter, max_context_tokens=limit)
+    built = builder.build(inbound=inbound(), history=history, hints=HINTS)
+    kept = history_part(built.messages)
+    assert kept == chat_turn(3, 40)
+    assert_whole_turns(kept)
+    assert built.snapshot["trimmed"] == [
+        f"dropped the 2 oldest turn(s) of history to fit {limit} tokens"]
+    assert built.snapshot["total_tokens"] <= limit
+    assert built.snapshot["layers"]["history"] == turn3
+
+    roomy = make_builder(tmp_path, counter, max_context_tokens=base + turn2 + turn3)
+    kept = history_part(roomy.build(inbound=inbound(), history=history, hints=HINTS).messages)
+    assert kept == tool_turn(2) + chat_turn(3, 40)
+    assert_whole_turns(kept)
+
+
+def test_budget_counts_reply_reserve_and_tools(tmp_path: Path, counter: TokenCounter) -> None:
+    history = stored(counter, chat_turn(1, 40))
+    base = _base_tokens(tmp_path, counter)
+    need = sum(m.tokens for m in history)
+    fits = make_builder(tmp_path, counter, max_context_tokens=base + need + 100)
+    assert len(history_part(fits.build(inbound=inbound(), history=history,
+                                       hints=HINTS).messages)) == 2
+    reserved = make_builder(tmp_path, counter, max_context_tokens=base + need + 100,
+                            reply_reserve_tokens=101)
+    assert history_part(reserved.build(inbound=inbound(), history=history,
+                                       hints=HINTS).messages) == []
+    assert history_part(fits.build(inbound=inbound(), history=history, hints=HINTS,
+                                   tools_tokens=101).messages) == []
+
+
+def test_old_tool_results_are_shortened(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter, max_tool_snippet_tokens=50)
+    long_result = " ".join(f"line{i}" for i in range(400))
+    bodies = tool_turn(1, long_result) + tool_turn(2, "short result")
+    history = stored(counter, bodies)
+    full = counter.count_text(long_result)
+    assert full > 50
+    built = builder.build(inbound=inbound(), history=history, hints=HINTS)
+    kept = history_part(built.messages)
+    assert len(kept) == len(bodies)
+    shortened = kept[2]
+    assert shortened["tool_call_id"] == "call_1" and shortened["role"] == "tool"
+    head = counter.encoding.decode(counter.encoding.encode(long_result)[:50])
+    assert shortened["content"] == f"{head}\n[… tool result shortened from {full} tokens …]"
+    assert kept[6]["content"] == "short result"
+    assert bodies[2]["content"] == long_result  # the stored message itself is untouched
+    assert built.snapshot["trimmed"] == ["shortened 1 old tool result(s) to 50 tokens"]
+    assert built.snapshot["layers"]["history"] < sum(m.tokens for m in history)
+
+
+def test_current_message_stays_when_far_over_budget(tmp_path: Path,
+                                                    counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter, max_context_tokens=50)
+    write_workspace(builder.workspace)
+    text = "please read this long message " * 40
+    history = stored(counter, chat_turn(1) + chat_turn(2))
+    built = builder.build(inbound=inbound(text), history=history, hints=HINTS)
+    assert built.messages[-1] == {"role": "user", "content": text}
+    assert built.messages[-2]["content"].startswith(RUNTIME_TAG)
+    assert history_part(built.messages) == []
+    assert built.snapshot["total_tokens"] > 50
+    assert built.snapshot["trimmed"] == [
+        "dropped the 2 oldest turn(s) of history to fit 50 tokens",
+        "over budget even without history: the current input is kept whole"]
+
+
+# snapshot -----------------------------------------------------------------------------------
+
+def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    write_workspace(builder.workspace)
+    history = stored(counter, tool_turn(1) + chat_turn(2))
+
+    def build(b: ContextBuilder, hist: list[StoredMessage], **kw: Any) -> dict[str, Any]:
+        return b.build(inbound=inbound(**kw), history=hist, hints=HINTS,
+                       session_key="telegram:c42", turn_id="t1").snapshot
+
+    first = build(builder, history)
+    again = build(make_builder(tmp_path, counter), list(history))
+    assert again == first
+    assert len(first["hash"]) == 64
+    assert first["session_key"] == "telegram:c42" and first["turn_id"] == "t1"
+    assert first["sources"]["history_available"] == 6
+    assert first["sources"]["history_kept"] == 6
+
+    assert build(builder, history[:2] + history[4:])["hash"] != first["hash"]
+    assert build(builder, history, received_at=datetime(2024, 7, 7, tzinfo=UTC))["hash"] \
+        != first["hash"]

@@ -1,0 +1,132 @@
+"""Provider against the scripted server through the real litellm."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.errors import (
+    ProviderAuthError,
+    ProviderBadRequest,
+    ProviderNotConfigured,
+    ProviderUnavailable,
+)
+from agent.provider import Provider
+from gateway.config import AgentConfig
+from tests.fakes.openai_server import ScriptedLLM
+
+HELLO = [{"role": "user", "content": "hello"}]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def provider(llm: ScriptedLLM, **kw: object) -> Provider:
+    return Provider(AgentConfig.model_validate({
+        "model": "openai/test-model", "api_base": llm.base_url, "api_key": "sk-test",
+        "retry_backoff": 0.001, "timeout": 5, **kw}))
+
+
+async def test_text_answer_with_usage(llm: ScriptedLLM) -> None:
+    llm.reply("hi", usage={"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14})
+    r = await provider(llm).complete(HELLO)
+    assert (r.content, r.prompt_tokens, r.completion_tokens, r.attempts) == ("hi", 11, 3, 1)
+    assert llm.last_request["messages"] == HELLO
+    assert llm.request_headers[0]["authorization"] == "Bearer sk-test"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_calls_plain_and_streamed(llm: ScriptedLLM, stream: bool) -> None:
+    llm.tool_calls([("read_file", {"path": "a.md"}), ("list_dir", {})])
+    r = await provider(llm, stream=stream).complete(HELLO, tools=[{
+        "type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}])
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [
+        ("read_file", '{"path": "a.md"}'), ("list_dir", "{}")]
+    assert all(c.id for c in r.tool_calls)
+    assert llm.last_request.get("stream", False) is stream
+    if stream:
+        assert llm.last_request["stream_options"] == {"include_usage": True}
+        assert r.prompt_tokens > 0
+
+
+async def test_streamed_text(llm: ScriptedLLM) -> None:
+    llm.reply("a longer streamed answer")
+    r = await provider(llm, stream=True).complete(HELLO)
+    assert r.content == "a longer streamed answer" and not r.tool_calls
+
+
+async def test_retries_then_succeeds(llm: ScriptedLLM) -> None:
+    llm.error(429).error(500).error(503).reply("ok")
+    r = await provider(llm, max_retries=3).complete(HELLO)
+    assert (r.content, r.attempts, llm.calls) == ("ok", 4, 4)
+
+
+async def test_retry_after_is_read_from_a_429(llm: ScriptedLLM) -> None:
+    llm.error(429, retry_after=7)
+    with pytest.raises(ProviderUnavailable) as info:
+        await provider(llm, max_retries=0).complete(HELLO)
+    assert info.value.retry_after == 7.0
+    assert provider(llm)._backoff(1, 7.0) == 7.0
+    assert provider(llm)._backoff(1, 3600.0) == 60.0
+
+
+async def test_timeout_is_retried_then_reported(llm: ScriptedLLM) -> None:
+    llm.reply("late", delay=2).reply("late", delay=2)
+    with pytest.raises(ProviderUnavailable) as info:
+        await provider(llm, max_retries=1, timeout=0.2).complete(HELLO)
+    assert info.value.attempts == 2 and "timed out" in str(info.value)
+    assert "2 tries" in info.value.user_message
+
+
+async def test_auth_and_bad_request_are_not_retried(llm: ScriptedLLM) -> None:
+    llm.error(401, "bad key")
+    with pytest.raises(ProviderAuthError):
+        await provider(llm).complete(HELLO)
+    llm.error(400, "messages: invalid")
+    with pytest.raises(ProviderBadRequest):
+        await provider(llm).complete(HELLO)
+    assert llm.calls == 2
+
+
+async def test_fallbacks_in_order(llm: ScriptedLLM) -> None:
+    llm.error(500).error(500).reply("third")
+    p = provider(llm, max_retries=0, fallbacks=["openai/second", "openai/third"])
+    assert (await p.complete(HELLO)).content == "third"
+    assert [r["model"] for r in llm.requests] == ["test-model", "second", "third"]
+
+
+def test_missing_key_names_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    p = Provider(AgentConfig(model="anthropic/claude-sonnet-4-5"))
+    problem = p.configuration_problem()
+    assert problem and "ANTHROPIC_API_KEY" in problem and "agent.api_key" in problem
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-x")
+    assert p.configuration_problem() is None
+
+
+async def test_not_configured_raises_without_calling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ProviderNotConfigured) as info:
+        await Provider(AgentConfig(model="openai/gpt-4o-mini")).complete(HELLO)
+    assert "OPENAI_API_KEY" in info.value.user_message
+
+
+def test_only_provider_imports_litellm() -> None:
+    offenders = []
+    for pkg in ("gateway", "channels", "agent", "workspace"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            text = path.read_text()
+            if re.search(r"^\s*(import|from) litellm\b", text, re.M) and \
+                    path.relative_to(ROOT).as_posix() != "agent/provider.py":
+                offenders.append(str(path))
+    assert offenders == []
+
+
+def test_starting_the_gateway_modules_does_not_import_litellm() -> None:
+    code = ("import sys, gateway.app, gateway.cli, agent.loop, channels.local; "
+            "print('litellm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,88 @@
+"""The tool loop, with real tools and the scripted model behind the real provider."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.provider import Provider
+from agent.runner import Runner, cut_result
+from agent.tools.base import ToolRegistry, tool
+from agent.turn import TurnContext
+from gateway.config import AgentConfig
+from tests.fakes.openai_server import ScriptedLLM
+
+both_started = asyncio.Event()
+arrived: list[str] = []
+
+
+@tool
+async def wait_for_other(ctx: TurnContext, name: str) -> str:
+    """Returns once both calls of this turn are running: proves they run concurrently.
+
+    Args:
+        name: Who is waiting.
+    """
+    arrived.append(name)
+    if len(arrived) == 2:
+        both_started.set()
+    await asyncio.wait_for(both_started.wait(), 5)
+    return f"{name} done"
+
+
+@tool
+async def big(ctx: TurnContext) -> str:
+    """A huge result."""
+    return "x" * 50_000
+
+
+def make(llm: ScriptedLLM, tmp_path: Path, *tools: object, iterations: int = 5) -> Runner:
+    p = Provider(AgentConfig.model_validate({
+        "model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
+        "retry_backoff": 0.001}))
+    return Runner(p, ToolRegistry(tools), max_iterations=iterations,  # type: ignore[arg-type]
+                  max_result_chars=1000)
+
+
+def ctx(tmp_path: Path) -> TurnContext:
+    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
+                       sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC))
+
+
+async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Path) -> None:
+    arrived.clear()
+    both_started.clear()
+    llm.tool_calls([("wait_for_other", {"name": "a"}), ("wait_for_other", {"name": "b"})])
+    llm.reply("both finished")
+    result = await make(llm, tmp_path, wait_for_other).run(
+        [{"role": "user", "content": "go"}], ctx(tmp_path))
+    assert result.text == "both finished"
+    tools = [m for m in result.new_messages if m["role"] == "tool"]
+    assert [m["content"] for m in tools] == ["a done", "b done"]
+    assert len(result.responses) == 2
+
+
+async def test_long_results_are_cut_with_a_marker(llm: ScriptedLLM, tmp_path: Path) -> None:
+    llm.tool_call("big", {}).reply("ok")
+    result = await make(llm, tmp_path, big).run([{"role": "user", "content": "go"}],
+                                                ctx(tmp_path))
+    content = result.new_messages[1]["content"]
+    assert len(content) < 1200 and "characters of this tool result cut" in content
+
+
+async def test_max_iterations(llm: ScriptedLLM, tmp_path: Path) -> None:
+    for i in range(3):
+        llm.tool_call("big", {"n": i})  # bad args each time: still a step
+    result = await make(llm, tmp_path, big, iterations=3).run(
+        [{"role": "user", "content": "go"}], ctx(tmp_path))
+    assert result.stop_reason == "max_iterations"
+    assert "after 3 tool steps" in result.text
+    llm.assert_all_used()
+
+
+def test_cut_result_keeps_head_and_tail() -> None:
+    text = "HEAD" + "-" * 10_000 + "TAIL"
+    cut = cut_result(text, 1000)
+    assert cut.startswith("HEAD") and cut.endswith("TAIL") and "cut" in cut
+    assert cut_result("short", 1000) == "short"

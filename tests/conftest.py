@@ -1,0 +1,60 @@
+"""Shared fixtures: a scripted model server, a config pointing at it, a running gateway."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from gateway.app import Gateway  # noqa: E402
+from gateway.config import Config, parse_config  # noqa: E402
+from tests.fakes.openai_server import ScriptedLLM  # noqa: E402
+
+MakeConfig = Callable[..., Config]
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[ScriptedLLM]:
+    async with ScriptedLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, llm: ScriptedLLM) -> MakeConfig:
+    """A config for a gateway in ``tmp_path`` talking to the scripted model."""
+
+    def make(**overrides: Any) -> Config:
+        data = {
+            "workspace": str(tmp_path / "workspace"),
+            "data_dir": str(tmp_path / "data"),
+            "agent": {"model": "openai/test-model", "api_base": llm.base_url,
+                      "api_key": "sk-test", "retry_backoff": "0.01s", "timeout": "10s",
+                      "context": {"max_context_tokens": 32000}},
+            "channels": {"local": {"port": 0}},
+        }
+        return parse_config(_merge(data, overrides), env={})
+
+    return make
+
+
+@pytest.fixture
+async def gateway(make_config: MakeConfig) -> AsyncIterator[Gateway]:
+    gw = Gateway(make_config(), grace=2.0)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()

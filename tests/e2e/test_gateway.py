@@ -1,0 +1,260 @@
+"""The whole gateway, driven over the local channel's HTTP API, with litellm talking to the
+scripted model server. Nothing of ours is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.context import LAYER_SEPARATOR, RUNTIME_TAG
+from gateway.app import Gateway
+from tests.conftest import MakeConfig
+from tests.fakes.openai_server import ScriptedLLM
+
+
+class Client:
+    """A tiny HTTP client for the local channel, as a script or curl would use it."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+        self.after: dict[str, int] = {}
+
+    async def post(self, chat_id: str, text: str, **extra: Any) -> str:
+        body = {"chat_id": chat_id, "sender_id": "u1", "text": text, **extra}
+        async with self.session.post(f"{self.base}/v1/messages", json=body) as resp:
+            assert resp.status == 202, await resp.text()
+            return str((await resp.json())["message_id"])
+
+    async def replies(self, chat_id: str, n: int = 1, wait: float = 10) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < n:
+            params = {"chat_id": chat_id, "after": str(self.after.get(chat_id, 0)),
+                      "wait": str(wait)}
+            async with self.session.get(f"{self.base}/v1/messages", params=params) as resp:
+                data = await resp.json()
+            if not data["messages"]:
+                raise AssertionError(f"no reply in {wait}s; got {out}")
+            out += data["messages"]
+            self.after[chat_id] = data["next"]
+        return out
+
+    async def ask(self, chat_id: str, text: str, **extra: Any) -> dict[str, Any]:
+        await self.post(chat_id, text, **extra)
+        return (await self.replies(chat_id))[0]
+
+
+@pytest.fixture
+async def client(gateway: Gateway) -> Any:
+    async with aiohttp.ClientSession() as session:
+        yield Client(session, gateway.local.base_url)
+
+
+def system_of(request: dict[str, Any]) -> str:
+    first = request["messages"][0]
+    assert first["role"] == "system"
+    return str(first["content"])
+
+
+async def test_hello_round_trip_and_what_the_model_saw(client: Client, llm: ScriptedLLM,
+                                                       gateway: Gateway) -> None:
+    llm.reply("Hi! How can I help?")
+    reply = await client.ask("c1", "hello")
+    assert reply["text"] == "Hi! How can I help?"
+    assert reply["kind"] == "reply"
+    llm.assert_all_used()
+
+    messages = llm.last_request["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "user"]
+    layers = system_of(llm.last_request).split(LAYER_SEPARATOR)
+    heads = [layer.splitlines()[0] for layer in layers]
+    assert heads == ["# Runtime", "# Soul", "# Identity", "# How to work", "# About the user",
+                     "# Tool notes", "# Memory", "# Skills"]
+    assert "HEARTBEAT" not in system_of(llm.last_request)
+    runtime = messages[1]["content"]
+    assert runtime.startswith(RUNTIME_TAG)
+    for line in ("Channel: local", "Chat ID: c1", "Chat type: direct", "Sender: u1"):
+        assert line in runtime
+    assert messages[2] == {"role": "user", "content": "hello"}
+    assert {t["function"]["name"] for t in llm.last_request["tools"]} == {
+        "read_file", "write_file", "edit_file", "list_dir", "exec"}
+
+
+async def test_second_turn_carries_history_and_system_stays_identical(
+        client: Client, llm: ScriptedLLM) -> None:
+    llm.reply("first answer").reply("second answer")
+    await client.ask("c1", "one")
+    assert (await client.ask("c1", "two"))["text"] == "second answer"
+    first, second = llm.requests
+    assert system_of(first) == system_of(second)
+    roles = [(m["role"], m.get("content")) for m in second["messages"][1:]]
+    assert roles[:2] == [("user", "one"), ("assistant", "first answer")]
+    assert roles[-1] == ("user", "two")
+    assert roles[-2][1].startswith(RUNTIME_TAG)
+
+
+async def test_tool_call_round_trip(client: Client, llm: ScriptedLLM, gateway: Gateway) -> None:
+    llm.tool_call("write_file", {"path": "notes/todo.md", "content": "- buy milk\n"})
+    llm.reply("Saved your list.")
+    reply = await client.ask("c1", "save my todo list")
+    assert reply["text"] == "Saved your list."
+    ws = gateway.config.workspace_path
+    assert (ws / "notes" / "todo.md").read_text() == "- buy milk\n"
+    follow = llm.requests[1]["messages"]
+    assert follow[-2]["role"] == "assistant" and follow[-2]["tool_calls"]
+    assert follow[-1]["role"] == "tool"
+    assert follow[-1]["tool_call_id"] == follow[-2]["tool_calls"][0]["id"]
+    assert "notes/todo.md" in follow[-1]["content"]
+
+    # The next turn's history keeps the call and its result together.
+    llm.reply("ok")
+    await client.ask("c1", "thanks")
+    roles = [m["role"] for m in llm.last_request["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "user"]
+
+
+async def test_workspace_escape_goes_back_to_the_model(client: Client, llm: ScriptedLLM) -> None:
+    llm.tool_call("read_file", {"path": "../../../etc/passwd"}).reply("I can't read that.")
+    await client.ask("c1", "show me /etc/passwd")
+    tool_msg = llm.last_request["messages"][-1]
+    assert tool_msg["role"] == "tool"
+    assert "outside the workspace" in tool_msg["content"]
+    assert "root:" not in tool_msg["content"]
+
+
+async def test_unknown_tool_and_bad_arguments_are_errors_for_the_model(
+        client: Client, llm: ScriptedLLM) -> None:
+    llm.tool_calls([("no_such_tool", {}), ("read_file", {"wrong": 1})]).reply("sorry")
+    assert (await client.ask("c1", "do it"))["text"] == "sorry"
+    results = [m["content"] for m in llm.last_request["messages"] if m["role"] == "tool"]
+    assert "unknown tool 'no_such_tool'" in results[0]
+    assert "invalid arguments for read_file" in results[1] and "path" in results[1]
+
+
+async def test_identical_repeated_calls_are_stopped(client: Client, llm: ScriptedLLM) -> None:
+    for _ in range(5):
+        llm.tool_call("list_dir", {"path": "."})
+    reply = await client.ask("c1", "loop forever")
+    assert "repeating the same tool call" in reply["text"]
+    tool_results = [m["content"] for m in llm.last_request["messages"] if m["role"] == "tool"]
+    assert "already called list_dir" in tool_results[-1]
+    llm.assert_all_used()
+
+
+async def test_new_starts_fresh_and_keeps_the_old_session(client: Client, llm: ScriptedLLM,
+                                                          gateway: Gateway) -> None:
+    llm.reply("remembered")
+    await client.ask("c1", "my name is Ada")
+    notice = await client.ask("c1", "/new")
+    assert notice["kind"] == "notice" and "new conversation" in notice["text"]
+    llm.reply("who?")
+    await client.ask("c1", "what is my name?")
+    assert [m["role"] for m in llm.last_request["messages"]] == ["system", "user", "user"]
+    assert gateway.store is not None
+    sessions = await gateway.store.list_sessions(include_inactive=True)
+    assert [(s.key, s.active, s.message_count) for s in sessions] == [
+        ("local:c1", True, 2), ("local:c1", False, 2)]
+
+
+async def test_status_and_help(client: Client, llm: ScriptedLLM) -> None:
+    llm.reply("hi")
+    await client.ask("c1", "hello")
+    status = (await client.ask("c1", "/status"))["text"]
+    assert "Model: openai/test-model" in status
+    assert "Session: local:c1" in status
+    assert "Messages: 2" in status
+    assert "Last context:" in status and "none yet" not in status
+    assert "/new" in (await client.ask("c1", "/help"))["text"]
+    assert llm.calls == 1  # commands never reach the model
+
+
+async def test_messages_to_a_busy_session_wait_their_turn(client: Client,
+                                                          llm: ScriptedLLM) -> None:
+    llm.reply("first", delay=0.3).reply("second").reply("third")
+    for text in ("a", "b", "c"):
+        await client.post("c1", text)
+    replies = await client.replies("c1", 3)
+    assert [r["text"] for r in replies] == ["first", "second", "third"]
+    last_user = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
+    assert last_user[:2] == ["a", "b"] and last_user[-1] == "c"
+
+
+async def test_sessions_run_concurrently(client: Client, llm: ScriptedLLM) -> None:
+    llm.echo(delay=0.3)
+    for chat in ("x", "y", "z"):
+        await client.post(chat, f"hi {chat}")
+    started = asyncio.get_running_loop().time()
+    for chat in ("x", "y", "z"):
+        assert (await client.replies(chat))[0]["text"] == f"echo: hi {chat}"
+    # Three 0.3 s answers in sequence would take 0.9 s; concurrently they overlap.
+    assert asyncio.get_running_loop().time() - started < 0.85
+
+
+async def test_rate_limit_is_retried(client: Client, llm: ScriptedLLM) -> None:
+    llm.error(429, "slow down").error(500, "oops").reply("made it")
+    assert (await client.ask("c1", "hello"))["text"] == "made it"
+    assert llm.calls == 3
+
+
+async def test_model_down_is_told_in_the_chat(client: Client, llm: ScriptedLLM,
+                                              gateway: Gateway) -> None:
+    for _ in range(4):
+        llm.error(500, "internal")
+    reply = await client.ask("c1", "hello")
+    assert reply["kind"] == "error"
+    assert "did not answer after 4 tries" in reply["text"]
+    assert "Traceback" not in reply["text"]
+    assert gateway.store is not None
+    session = await gateway.store.active_session("local:c1")
+    assert session.message_count == 1  # the user's message is kept
+
+
+async def test_fallback_model_answers(make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    config = make_config(agent={"fallbacks": ["openai/backup-model"], "max_retries": 1})
+    llm.error(503, "down").error(503, "down").reply("from backup")
+    async with Gateway(config) as gw:
+        assert gw.local is not None
+        assert await gw.local.ask("c1", "hello") == "from backup"
+    assert [r["model"] for r in llm.requests] == ["test-model", "test-model", "backup-model"]
+
+
+async def test_no_api_key_says_what_to_configure(make_config: MakeConfig, llm: ScriptedLLM,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = make_config(agent={"api_key": "", "api_base": ""})
+    async with Gateway(config) as gw:
+        records = []
+        await gw.local.inject("c1", "hello")
+        records, _ = await gw.local.wait_messages("c1", timeout=10)
+    assert records[0]["kind"] == "error"
+    text = records[0]["text"]
+    assert "agent.api_key" in text and "OPENAI_API_KEY" in text and "agent.api_base" in text
+    assert llm.calls == 0
+
+
+async def test_context_snapshot_is_recorded(client: Client, llm: ScriptedLLM,
+                                            gateway: Gateway) -> None:
+    llm.reply("hi")
+    await client.ask("c1", "hello")
+    assert gateway.store is not None
+    session = await gateway.store.active_session("local:c1")
+    snap = await gateway.store.latest_snapshot(session.id)
+    assert snap is not None
+    assert snap["session_key"] == "local:c1"
+    assert list(snap["layers"])[:2] == ["identity", "SOUL.md"]
+    assert snap["total_tokens"] > 0 and len(snap["hash"]) == 64
+
+
+async def test_no_task_of_ours_survives_stop(make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    before = set(asyncio.all_tasks())
+    llm.reply("hi")
+    gw = Gateway(make_config())
+    await gw.start()
+    assert await gw.local.ask("c1", "hello") == "hi"
+    await gw.stop()
+    await gw.stop()  # twice is fine
+    left = [t for t in asyncio.all_tasks() - before if not t.done()]
+    assert left == [], [(t.get_name(), t.get_coro()) for t in left]

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import pytest
+
+from gateway.bus import BusClosed, MessageBus
+from gateway.events import InboundMessage, Media, OutboundMessage
+
+
+def msg(text: str = "hi", **kw: object) -> InboundMessage:
+    return InboundMessage(channel="local", chat_id="c1", sender_id="u1", text=text,
+                          **kw)  # type: ignore[arg-type]
+
+
+async def test_publish_waits_when_full() -> None:
+    bus = MessageBus(maxsize=1)
+    await bus.publish_inbound(msg("a"))
+    second = asyncio.create_task(bus.publish_inbound(msg("b")))
+    await asyncio.sleep(0)
+    assert not second.done()  # back-pressure: the producer waits
+    assert (await bus.consume_inbound()).text == "a"
+    await asyncio.wait_for(second, 1)
+    assert (await bus.consume_inbound()).text == "b"
+
+
+async def test_closed_bus_refuses_input_but_drains() -> None:
+    bus = MessageBus()
+    await bus.publish_inbound(msg("kept"))
+    bus.close()
+    with pytest.raises(BusClosed):
+        await bus.publish_inbound(msg("late"))
+    assert [m.text for m in bus.drain_inbound()] == ["kept"]
+
+
+async def test_outbound_join() -> None:
+    bus = MessageBus()
+    await bus.publish_outbound(OutboundMessage(channel="local", chat_id="c1", text="x"))
+    joined = asyncio.create_task(bus.join_outbound())
+    await bus.consume_outbound()
+    bus.outbound_done()
+    await asyncio.wait_for(joined, 1)
+
+
+def test_events_are_frozen_and_keyed() -> None:
+    m = msg(thread_id="t9")
+    assert m.session_key == "local:c1:t9"
+    assert msg(session_override="shared:main").session_key == "shared:main"
+    with pytest.raises(AttributeError):
+        m.text = "changed"  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        msg(received_at=datetime(2026, 1, 1))  # noqa: DTZ001 - naive on purpose
+    with pytest.raises(ValueError):
+        Media(kind="image")
+    assert msg("/new").is_command and not msg("hello").is_command

@@ -1,0 +1,127 @@
+"""The workspace's bootstrap files, read with per-file and total size limits.
+
+A cut is never silent: the text keeps a marker, the log gets a warning, and the cut is
+reported so the turn's snapshot can say so. Files are re-read only when their mtime or size
+changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+_log = logging.getLogger(__name__)
+
+BOOTSTRAP_FILES = ("SOUL.md", "IDENTITY.md", "AGENTS.md", "USER.md", "TOOLS.md")
+MEMORY_FILE = "MEMORY.md"
+HEARTBEAT_FILE = "HEARTBEAT.md"
+HEAD_SHARE = 0.7
+TAIL_SHARE = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class FileText:
+    name: str
+    text: str
+    chars: int
+    """The file's length before any cut."""
+    cut: str | None = None
+    """Why and how much was cut, or None."""
+
+
+def cut_middle(text: str, max_chars: int, label: str) -> tuple[str, bool]:
+    """Keep 70 % head and 20 % tail of ``text`` around a visible marker."""
+    if len(text) <= max_chars:
+        return text, False
+    head = text[: int(max_chars * HEAD_SHARE)]
+    tail = text[len(text) - int(max_chars * TAIL_SHARE):]
+    removed = len(text) - len(head) - len(tail)
+    marker = (f"\n\n[… {removed:,} characters of {label} cut here to fit the "
+              f"{max_chars:,}-character limit …]\n\n")
+    return head + marker + tail, True
+
+
+class BootstrapLoader:
+    def __init__(self, workspace: Path, *, max_chars: int, total_max_chars: int) -> None:
+        self.workspace = workspace
+        self.max_chars = max_chars
+        self.total_max_chars = total_max_chars
+        self._cache: dict[str, tuple[tuple[int, int], str]] = {}
+
+    def _read(self, name: str) -> str | None:
+        path = self.workspace / name
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            self._cache.pop(name, None)
+            return None
+        sig = (st.st_mtime_ns, st.st_size)
+        cached = self._cache.get(name)
+        if cached and cached[0] == sig:
+            return cached[1]
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+        except (IsADirectoryError, PermissionError) as exc:
+            _log.warning("cannot read %s: %s", path, exc)
+            return None
+        self._cache[name] = (sig, text)
+        return text
+
+    def signature(self, names: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
+        """A cheap fingerprint of the files (stat only), for callers that cache their output."""
+        out: list[tuple[int, int] | None] = []
+        for name in names:
+            try:
+                st = (self.workspace / name).stat()
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def load(self, names: tuple[str, ...]) -> list[FileText]:
+        """The files that exist, in order, each within the limits; empty files are skipped."""
+        out: list[FileText] = []
+        budget = self.total_max_chars
+        for name in names:
+            raw = self._read(name)
+            if not raw:
+                continue
+            text, cut = cut_middle(raw, self.max_chars, name)
+            reason = f"cut from {len(raw):,} to {self.max_chars:,} characters" if cut else None
+            if len(text) > budget:
+                if budget < 200:
+                    reason = (f"left out: the bootstrap total limit of "
+                              f"{self.total_max_chars:,} characters was reached")
+                    _log.warning("%s %s", name, reason)
+                    out.append(FileText(name, "", len(raw), reason))
+                    continue
+                # Cut the raw text, not the already cut one: one marker with the true count.
+                text, _ = cut_middle(raw, budget, name)
+                reason = (f"cut from {len(raw):,} to {budget:,} characters "
+                          f"(bootstrap total limit {self.total_max_chars:,})")
+            if reason:
+                _log.warning("bootstrap file %s %s", name, reason)
+            budget -= len(text)
+            out.append(FileText(name, text, len(raw), reason))
+        return out
+
+
+def seed_workspace(workspace: Path, *, overwrite: bool = False) -> list[Path]:
+    """Copy the templates into ``workspace``, keeping files the user already has."""
+    written: list[Path] = []
+    workspace.mkdir(parents=True, exist_ok=True)
+    root = resources.files("workspace") / "templates"
+    with resources.as_file(root) as src:
+        for item in sorted(Path(src).rglob("*")):
+            if not item.is_file() or item.name.startswith(("_", ".")) or item.suffix != ".md":
+                continue
+            target = workspace / item.relative_to(src)
+            if target.exists() and not overwrite:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(item, target)
+            written.append(target)
+    return written

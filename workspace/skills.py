@@ -1,0 +1,117 @@
+"""Skills: ``skills/<name>/SKILL.md`` with YAML frontmatter.
+
+Always-on skills go into the system prompt in full; the others appear as a one-line summary
+that the agent opens with ``read_file`` when it needs one. The index is rebuilt only when a
+SKILL.md file (or the set of skill folders) changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    name: str
+    description: str
+    path: Path
+    always: bool
+    available: bool
+    reason: str | None
+    body: str
+
+    def summary_line(self, workspace: Path) -> str:
+        try:
+            shown = self.path.relative_to(workspace)
+        except ValueError:
+            shown = self.path
+        state = "available" if self.available else f"unavailable: {self.reason}"
+        return f"- {self.name}: {self.description} (path: {shown}; {state})"
+
+
+def parse_skill(path: Path, text: str) -> tuple[dict[str, Any], str]:
+    """Split ``---`` YAML frontmatter from the body; a bad frontmatter is an empty one."""
+    if text.startswith("---"):
+        end = text.find("\n---", 3)
+        if end != -1:
+            try:
+                meta = yaml.safe_load(text[3:end]) or {}
+            except yaml.YAMLError as exc:
+                _log.warning("skill %s: frontmatter is not valid YAML: %s", path, exc)
+                meta = {}
+            if isinstance(meta, dict):
+                return meta, text[end + 4:].strip()
+    return {}, text.strip()
+
+
+def _names(value: Any) -> list[str]:
+    """``bins: git`` means one command, not the letters g, i and t."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _availability(meta: dict[str, Any]) -> tuple[bool, str | None]:
+    requires = meta.get("requires") or {}
+    if not isinstance(requires, dict):
+        return True, None
+    missing = [f"command {b}" for b in _names(requires.get("bins")) if not shutil.which(b)]
+    missing += [f"env {e}" for e in _names(requires.get("env")) if not os.environ.get(e)]
+    return (False, "missing " + ", ".join(missing)) if missing else (True, None)
+
+
+class SkillsIndex:
+    def __init__(self, folders: list[Path]) -> None:
+        """``folders`` in rising priority: a later folder's skill overrides an earlier one."""
+        self.folders = folders
+        self._sig: tuple[Any, ...] | None = None
+        self._skills: list[Skill] = []
+
+    def _signature(self) -> tuple[Any, ...]:
+        sig: list[Any] = []
+        for folder in self.folders:
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                try:
+                    st = os.stat(os.path.join(entry.path, "SKILL.md"))
+                except OSError:
+                    continue
+                sig.append((entry.path, st.st_mtime_ns, st.st_size))
+        return tuple(sig)
+
+    def skills(self) -> list[Skill]:
+        sig = self._signature()
+        if sig != self._sig:
+            self._skills = self._scan(sig)
+            self._sig = sig
+        return self._skills
+
+    def _scan(self, sig: tuple[Any, ...]) -> list[Skill]:
+        found: dict[str, Skill] = {}
+        for folder_path, _, _ in sig:
+            path = Path(folder_path) / "SKILL.md"
+            try:
+                meta, body = parse_skill(path, path.read_text(encoding="utf-8", errors="replace"))
+            except OSError as exc:
+                _log.warning("cannot read skill %s: %s", path, exc)
+                continue
+            name = str(meta.get("name") or Path(folder_path).name)
+            available, reason = _availability(meta)
+            found[name] = Skill(name=name, description=str(meta.get("description") or "").strip(),
+                                path=path, always=bool(meta.get("always")),
+                                available=available, reason=reason, body=body)
+        return sorted(found.values(), key=lambda s: s.name)
