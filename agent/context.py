@@ -112,7 +112,7 @@ class ContextBuilder:
         names = (*BOOTSTRAP_FILES, MEMORY_FILE) + ((HEARTBEAT_FILE,) if heartbeat else ())
         skills = self.skills.skills()
         # The skills themselves, not their id(): ids of a freed index generation get reused.
-        sig = (self.loader.signature(names), tuple(id(s) for s in skills))
+        sig = (self.loader.signature(names), tuple(skills))
         cached = self._system_cache.get(heartbeat)
         if cached and cached[0] == sig:
             return cached[1]

@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from channels.base import ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
 from gateway.bus import BusClosed, MessageBus
 from gateway.config import LocalChannelConfig
 from gateway.events import ChatType, InboundMessage, Media, MediaKind, OutboundMessage
@@ -495,3 +495,9 @@ class LocalChannel:
             status = self.status()
             channels[self.name] = {"running": status.running, **status.detail}
         return web.json_response(data, dumps=partial(json.dumps, default=str))
+
+
+def create(deps: ChannelDeps) -> LocalChannel:
+    """The gateway's factory for ``channels.local``."""
+    return LocalChannel(deps.config.channels.local, deps.bus,
+                        media_dir=deps.data_path / "media" / "local", health=deps.health)

@@ -8,15 +8,16 @@ messages are flushed → channels stop → the database closes last. ``stop()`` 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import time
 from typing import Any
 
 from agent.loop import AgentLoop
-from agent.provider import Provider
+from agent.provider import Provider, warm_up
 from agent.tools import build_registry
-from channels.base import Channel
+from channels.base import Channel, ChannelDeps
 from gateway.bus import MessageBus
 from gateway.config import Config
 from gateway.delivery import ChannelManager
@@ -25,14 +26,18 @@ from workspace.bootstrap import seed_workspace
 
 _log = logging.getLogger(__name__)
 
+CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
+"""Started from config when their section says ``enabled``; ``terminal`` is ``parley chat``'s."""
+
 
 class Gateway:
-    def __init__(self, config: Config, *, local: bool | None = None,
+    def __init__(self, config: Config, *, configured_channels: bool = True,
                  channels: list[Channel] | None = None, grace: float = 10.0) -> None:
-        """``local`` overrides ``channels.local.enabled``; ``channels`` adds adapters."""
+        """``configured_channels=False`` starts none of the config's channels (``parley chat``
+        must not poll a bot a running gateway already polls); ``channels`` adds adapters."""
         self.config = config
         self.grace = grace
-        self._want_local = config.channels.local.enabled if local is None else local
+        self._configured = configured_channels
         self._extra = list(channels or [])
         self.bus = MessageBus()
         self.manager = ChannelManager(self.bus)
@@ -43,6 +48,7 @@ class Gateway:
         self._started_at: float | None = None
         self._state = "new"
         self._stopped = asyncio.Event()
+        self._warm_up: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> str:
@@ -62,13 +68,8 @@ class Gateway:
         try:
             self.prepare_workspace()
             self.store = await Store.open(self.config.db_path)
-            if self._want_local:
-                from channels.local import LocalChannel
-
-                self.local = LocalChannel(self.config.channels.local, self.bus,
-                                          media_dir=self.config.data_path / "media" / "local",
-                                          health=self.health)
-                self.manager.add(self.local)
+            for channel in self._configured_channel_list():
+                self.manager.add(channel)
             for channel in self._extra:
                 self.manager.add(channel)
             self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
@@ -78,6 +79,8 @@ class Gateway:
             await self.manager.start_channels()
             self.manager.start()
             await self.agent.start()
+            # litellm takes seconds to import: load it while the gateway is already serving.
+            self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up), name="llm-warm-up")
         except BaseException:
             self._state = "failed"
             await self._teardown()
@@ -86,6 +89,23 @@ class Gateway:
         _log.info("gateway running: model %s, channels %s, workspace %s",
                   self.config.agent.model, ", ".join(self.manager.channels) or "none",
                   self.config.workspace_path)
+
+    def _configured_channel_list(self) -> list[Channel]:
+        """One adapter per enabled ``channels.<name>`` section, built by ``channels.<name>``."""
+        if not self._configured or self.store is None:
+            return []
+        deps = ChannelDeps(config=self.config, bus=self.bus, store=self.store,
+                           data_path=self.config.data_path, health=self.health)
+        out: list[Channel] = []
+        for name in CONFIGURED_CHANNELS:
+            section = getattr(self.config.channels, name, None)
+            if section is None or not section.enabled:
+                continue
+            channel = importlib.import_module(f"channels.{name}").create(deps)
+            if name == "local":
+                self.local = channel
+            out.append(channel)
+        return out
 
     async def stop(self) -> None:
         if self._state in ("stopping", "stopped", "new"):
@@ -105,6 +125,8 @@ class Gateway:
             await self.agent.stop(self.grace)
         await self.manager.stop()
         await self.manager.stop_channels()
+        if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
+            await asyncio.gather(self._warm_up, return_exceptions=True)
         await self.provider.aclose()
         if self.store is not None:
             await self.store.close()

@@ -148,7 +148,7 @@ def chat(
     _setup_logging(config, quiet=True)
 
     async def main() -> int:
-        gw = Gateway(config, local=False, channels=[])
+        gw = Gateway(config, configured_channels=False)
         terminal = TerminalChannel(config.channels.terminal, gw.bus,
                                    markdown=not plain and message is None)
         gw.manager.add(terminal)

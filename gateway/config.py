@@ -145,9 +145,30 @@ class TerminalChannelConfig(_Model):
     sender_id: str = "owner"
 
 
+class TelegramChannelConfig(_Model):
+    """``channels/telegram.py``."""
+
+    enabled: bool = False
+
+
+class DiscordChannelConfig(_Model):
+    """``channels/discord.py``."""
+
+    enabled: bool = False
+
+
+class WebchatChannelConfig(_Model):
+    """``channels/webchat.py``."""
+
+    enabled: bool = False
+
+
 class ChannelsConfig(_Model):
     local: LocalChannelConfig = LocalChannelConfig()
     terminal: TerminalChannelConfig = TerminalChannelConfig()
+    telegram: TelegramChannelConfig = TelegramChannelConfig()
+    discord: DiscordChannelConfig = DiscordChannelConfig()
+    webchat: WebchatChannelConfig = WebchatChannelConfig()
 
 
 class LoggingConfig(_Model):

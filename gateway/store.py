@@ -297,6 +297,19 @@ class Store:
             out[table] = int(row[0]) if row else 0
         return out
 
+    # for other modules' tables (pairing, cron, ...) ------------------------------------------
+
+    async def ensure_schema(self, sql: str) -> None:
+        """Create a module's tables (``CREATE TABLE IF NOT EXISTS ...``) in the one database."""
+        async with self._write_lock:
+            await self._db.executescript(sql)
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        return await self._fetchone(sql, params)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return await self._fetchall(sql, params)
+
     # helpers ------------------------------------------------------------------------------
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
