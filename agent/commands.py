@@ -15,10 +15,16 @@ class CommandInfo:
     tools: list[str]
 
 
-HELP = """Commands:
-/new — start a fresh conversation (the old one stays saved)
-/status — model, session, message count and context size
-/help — this list"""
+COMMAND_DESCRIPTIONS: dict[str, str] = {
+    "new": "start a fresh conversation (the old one stays saved)",
+    "status": "model, session, message count and context size",
+    "help": "list the commands",
+}
+"""What channels show in their command menus (Telegram's setMyCommands, ...)."""
+
+HELP = "Commands:\n" + "\n".join(f"/{name} — {text}" for name, text in
+                                   COMMAND_DESCRIPTIONS.items())
+GREETING = "Hi! I'm your assistant. Just write to me.\n\n" + HELP
 
 Handler = Callable[[InboundMessage, Store, CommandInfo], Awaitable[str]]
 
@@ -32,6 +38,10 @@ def parse_command(text: str) -> tuple[str, str]:
 
 async def _help(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
     return HELP
+
+
+async def _start(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
+    return GREETING
 
 
 async def _new(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
@@ -56,7 +66,7 @@ async def _status(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
     ])
 
 
-COMMANDS: dict[str, Handler] = {"help": _help, "start": _help, "new": _new, "status": _status}
+COMMANDS: dict[str, Handler] = {"help": _help, "start": _start, "new": _new, "status": _status}
 IMMEDIATE = frozenset({"help", "start", "status"})
 """Commands answered at once, even while the session is busy with a turn."""
 

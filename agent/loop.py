@@ -25,7 +25,15 @@ from agent.turn import TurnContext
 from channels.base import ChannelHints
 from gateway.bus import MessageBus
 from gateway.config import Config
-from gateway.events import InboundMessage, OutboundKind, OutboundMessage, new_id, utcnow
+from gateway.events import (
+    CONTEXT_ONLY,
+    ChatActivity,
+    InboundMessage,
+    OutboundKind,
+    OutboundMessage,
+    new_id,
+    utcnow,
+)
 from gateway.store import Store
 
 _log = logging.getLogger(__name__)
@@ -133,6 +141,11 @@ class AgentLoop:
 
     async def handle(self, msg: InboundMessage) -> None:
         """Process one message; every failure becomes a message in the chat, not a traceback."""
+        if msg.metadata.get(CONTEXT_ONLY):
+            await self._keep_as_context(msg)
+            return
+        activity = ChatActivity(channel=msg.channel, chat_id=msg.chat_id, thread_id=msg.thread_id)
+        self.bus.activity(activity)
         try:
             if msg.is_command:
                 await self._command(msg)
@@ -143,6 +156,19 @@ class AgentLoop:
         except Exception:
             _log.exception("turn for %s failed", msg.session_key)
             await self._reply(msg, AgentError.user_message, kind="error")
+        finally:
+            self.bus.activity(ChatActivity(channel=msg.channel, chat_id=msg.chat_id,
+                                           thread_id=msg.thread_id, busy=False))
+
+    async def _keep_as_context(self, msg: InboundMessage) -> None:
+        """A group message not addressed to us: part of the history, no turn, no reply."""
+        session = await self.store.active_session(msg.session_key)
+        body = self.context.stored_user_message(msg)
+        await self.recorder.finish(
+            TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=msg.message_id,
+                       started_at=utcnow(), user_message=body,
+                       user_tokens=self.counter.count_message(body)),
+            None, status="context")
 
     async def _command(self, msg: InboundMessage) -> None:
         info = CommandInfo(model=self.config.agent.model, tools=self.registry.names)
@@ -171,8 +197,11 @@ class AgentLoop:
                             inbound_id=msg.message_id, started_at=utcnow(),
                             user_message=built.user_message, user_tokens=built.user_tokens,
                             snapshot=built.snapshot)
+        async def progress(text: str) -> None:
+            await self._reply(msg, text, kind="progress", turn_id=ctx.turn_id, key=new_id())
+
         try:
-            result = await self.runner.run(built.messages, ctx)
+            result = await self.runner.run(built.messages, ctx, progress)
         except ProviderError as exc:
             _log.warning("turn %s: %s: %s", ctx.turn_id, type(exc).__name__, exc)
             await self.recorder.finish(record, None, status="error", error=str(exc))
@@ -191,10 +220,10 @@ class AgentLoop:
         return self._tools_tokens_cache
 
     async def _reply(self, msg: InboundMessage, text: str, *, kind: OutboundKind,
-                     turn_id: str | None = None) -> None:
+                     turn_id: str | None = None, key: str | None = None) -> None:
         channel, chat_id = msg.deliver_to or (msg.channel, msg.chat_id)
         await self.bus.publish_outbound(OutboundMessage(
             channel=channel, chat_id=chat_id, text=text, kind=kind,
             reply_to=msg.message_id if msg.deliver_to is None else None,
             thread_id=msg.thread_id if msg.deliver_to is None else None,
-            turn_id=turn_id, idempotency_key=f"{turn_id or new_id()}:{kind}"))
+            turn_id=turn_id, idempotency_key=f"{turn_id or new_id()}:{kind}:{key or ''}"))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
-from gateway.events import InboundMessage, OutboundMessage
+from gateway.events import ChatActivity, InboundMessage, OutboundMessage
 
 _log = logging.getLogger(__name__)
 
@@ -23,6 +24,18 @@ class MessageBus:
         self._inbound: asyncio.Queue[InboundMessage] = asyncio.Queue(maxsize)
         self._outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(maxsize)
         self._closed = False
+        self._activity: list[Callable[[ChatActivity], None]] = []
+
+    def on_activity(self, listener: Callable[[ChatActivity], None]) -> None:
+        self._activity.append(listener)
+
+    def activity(self, event: ChatActivity) -> None:
+        """Tell listeners (the channels' typing indicators) a chat's turn started or ended."""
+        for listener in self._activity:
+            try:
+                listener(event)
+            except Exception:
+                _log.exception("activity listener failed")
 
     @property
     def closed(self) -> bool:

@@ -13,7 +13,7 @@ import random
 
 from channels.base import Channel, ChannelHints, Delivery
 from gateway.bus import MessageBus
-from gateway.events import OutboundMessage
+from gateway.events import ChatActivity, OutboundMessage
 
 _log = logging.getLogger(__name__)
 
@@ -29,6 +29,14 @@ class ChannelManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self.delivered = 0
         self.failed = 0
+        bus.on_activity(self._activity)
+
+    def _activity(self, event: ChatActivity) -> None:
+        """Forward to the channel's optional ``activity(event)`` (typing indicators)."""
+        channel = self.channels.get(event.channel)
+        hook = getattr(channel, "activity", None)
+        if hook is not None:
+            hook(event)
 
     def add(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
@@ -95,8 +103,9 @@ class ChannelManager:
                 _log.error("no channel %r for a %s message to chat %s; dropped", msg.channel,
                            msg.kind, msg.chat_id)
                 self.failed += 1
-            else:
-                queue.put_nowait(msg)
+            elif msg.kind != "progress" or getattr(self.channels[msg.channel],
+                                                   "wants_progress", False):
+                queue.put_nowait(msg)  # tool progress goes only to channels that show it
             self.bus.outbound_done()
 
     async def _worker(self, name: str) -> None:

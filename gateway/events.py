@@ -93,3 +93,18 @@ class OutboundMessage:
     turn_id: str | None = None
     idempotency_key: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatActivity:
+    """A turn started (``busy``) or ended for a chat: channels show "typing…" meanwhile."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+    busy: bool = True
+
+
+CONTEXT_ONLY = "context_only"
+"""``InboundMessage.metadata[CONTEXT_ONLY] = True``: keep the message in the session's history
+(a group message not addressed to the bot) without running a turn or replying."""
