@@ -13,10 +13,12 @@ from gateway.store import Store
 class CommandInfo:
     model: str
     tools: list[str]
+    queued: int = 0
 
 
 COMMAND_DESCRIPTIONS: dict[str, str] = {
     "new": "start a fresh conversation (the old one stays saved)",
+    "stop": "stop the running answer at once (what you sent is kept)",
     "status": "model, session, message count and context size",
     "help": "list the commands",
 }
@@ -62,6 +64,7 @@ async def _status(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
         f"Messages: {session.message_count}",
         f"Last context: {last} tokens",
         f"Usage: {calls} model call(s), {tokens_in:,} tokens in, {tokens_out:,} out",
+        f"Waiting messages: {info.queued}",
         f"Tools: {', '.join(info.tools) or 'none'}",
     ])
 

@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter
+from agent.queueing import SENDERS_INLINE
 from channels.base import ChannelHints
 from gateway.config import Config
 from gateway.events import InboundMessage
@@ -184,7 +185,8 @@ class ContextBuilder:
 
     def stored_user_message(self, inbound: InboundMessage) -> dict[str, Any]:
         text = inbound.text
-        if inbound.chat_type == "group" and inbound.kind == "user":
+        if inbound.chat_type == "group" and inbound.kind == "user" and \
+                not inbound.metadata.get(SENDERS_INLINE):
             text = f"[{inbound.sender_name or inbound.sender_id}] {text}"
         images = [m.path for m in inbound.media if m.kind == "image" and m.path]
         extra = [self._media_note(inbound)] if any(m.kind != "image" or not m.path

@@ -4,7 +4,8 @@ AgentError
  └── ProviderError                 the model could not be asked or did not answer
       ├── ProviderNotConfigured    no API key / base for the model: says what to set
       ├── ProviderAuthError        the key was refused
-      ├── ProviderBadRequest       the request was refused as malformed (or too long)
+      ├── ProviderBadRequest       the request was refused as malformed
+      │    └── ProviderContextTooLarge   the request did not fit the model's window
       └── ProviderUnavailable      429 / 5xx / timeouts / connection errors, retries exhausted
 """
 
@@ -42,16 +43,29 @@ class ProviderAuthError(ProviderError):
 
 
 class ProviderBadRequest(ProviderError):
-    pass
+    @property
+    def user_message(self) -> str:  # type: ignore[override]
+        return f"The model refused the request ({self}). Your message is kept."
+
+
+class ProviderContextTooLarge(ProviderBadRequest):
+    @property
+    def user_message(self) -> str:  # type: ignore[override]
+        return ("The conversation no longer fits the model's context window. Your message is "
+                "kept; send /new to start a fresh conversation.")
 
 
 class ProviderUnavailable(ProviderError):
     def __init__(self, message: str, *, model: str | None = None, attempts: int = 1,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, cause: str = "unreachable") -> None:
         super().__init__(message, model=model, attempts=attempts)
         self.retry_after = retry_after
+        self.cause = cause
+        """``rate_limited``, ``timeout``, ``server_error`` or ``unreachable``."""
 
     @property
     def user_message(self) -> str:  # type: ignore[override]
-        return (f"The model did not answer after {self.attempts} tries ({self}). "
+        what = {"rate_limited": "is rate limiting us", "timeout": "timed out",
+                "server_error": "kept failing"}.get(self.cause, "could not be reached")
+        return (f"The model {what} ({self}); it did not answer after {self.attempts} tries. "
                 "Your message is kept; please try again in a moment.")

@@ -1,24 +1,30 @@
 """AgentLoop: consumes the bus, one lane per session, turns concurrent up to a limit.
 
-A session's messages run in arrival order in its lane; a message that arrives while its
-session is busy waits there and is never dropped. Lanes exist only while they have work, so
-idle sessions cost nothing in memory (they live in SQLite).
+A session's messages run in arrival order in its lane; one that arrives while the session is
+busy waits there (``agent.queue_mode`` decides how) and is never dropped. Lanes exist only
+while they have work, so idle sessions cost nothing in memory: they live in SQLite.
+
+A turn ends in one transaction: the user's message, the model's messages, the inbox entries
+it answered and its reply (into the outbox). A crash before that leaves the inbox entry
+pending, and the next start answers it; a crash after it leaves the reply in the outbox, and
+the next start sends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.budget import TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, run_command
 from agent.context import ContextBuilder
 from agent.errors import AgentError, ProviderError
 from agent.provider import Provider, context_window
-from agent.runner import Runner
+from agent.queueing import Work, fold, next_batch
+from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
@@ -38,11 +44,17 @@ from gateway.store import Store
 
 _log = logging.getLogger(__name__)
 
+STOP_WAIT = 5.0
+STEERED_PREFIX = "[New message while you were working]"
+
 
 @dataclass(slots=True)
 class _Lane:
-    queue: deque[InboundMessage] = field(default_factory=deque)
+    waiting: list[Work] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    turn: asyncio.Task[None] | None = None
+    current: Work | None = None
+    stop_requested: bool = False
 
 
 class AgentLoop:
@@ -54,6 +66,7 @@ class AgentLoop:
         self.provider = provider
         self.registry = registry
         self.hints = hints
+        self.workspace = config.workspace_path  # resolved once, not on every turn
         self.counter = TokenCounter(config.agent.model)
         self._context: ContextBuilder | None = None
         self.recorder = SessionRecorder(store, self.counter)
@@ -63,8 +76,9 @@ class AgentLoop:
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatcher: asyncio.Task[None] | None = None
+        self._tools_tokens: int | None = None
         self.turns_done = 0
-        self._tools_tokens_cache: int | None = None
+        self.recent_errors: list[str] = []
 
     @property
     def context(self) -> ContextBuilder:
@@ -81,8 +95,20 @@ class AgentLoop:
     async def start(self) -> None:
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
 
+    async def recover(self) -> int:
+        """Answer what the last run stored but did not answer (a stop or a crash)."""
+        pending = await self.store.inbox_pending()
+        for msg in pending:
+            await self.bus.requeue_inbound(msg)
+        if pending:
+            _log.info("answering %d message(s) received before the last stop", len(pending))
+        return len(pending)
+
     async def stop(self, grace: float = 10.0) -> None:
-        """Stop taking messages, give running turns ``grace`` seconds, then cancel them."""
+        """Stop taking messages, give running turns ``grace`` seconds, then cancel them.
+
+        A cancelled turn stores nothing, so its messages stay pending in the inbox and are
+        answered after the next start."""
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
@@ -100,8 +126,12 @@ class AgentLoop:
     def busy_sessions(self) -> int:
         return len(self._lanes)
 
-    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+    @property
+    def queued(self) -> int:
+        return sum(len(lane.waiting) for lane in self._lanes.values())
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -114,116 +144,190 @@ class AgentLoop:
             except Exception:
                 _log.exception("could not dispatch message %s", msg.message_id)
 
+    # lanes --------------------------------------------------------------------------------
+
     def submit(self, msg: InboundMessage) -> None:
         if msg.is_command and parse_command(msg.text)[0] in IMMEDIATE:
             self._spawn(self._command(msg), f"command:{msg.session_key}")
+            return
+        if msg.is_command and parse_command(msg.text)[0] == "stop":
+            self._spawn(self._stop_command(msg), f"stop:{msg.session_key}")
             return
         key = msg.session_key
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane()
-        lane.queue.append(msg)
+        lane.waiting.append(Work(msg))
+        lane.waiting = fold(lane.waiting, self.config.agent.queue_cap)
         if lane.task is None:
             lane.task = self._spawn(self._drain(key, lane), f"lane:{key}")
 
     async def _drain(self, key: str, lane: _Lane) -> None:
         try:
-            while lane.queue:
-                msg = lane.queue[0]
+            while lane.waiting:
+                work, taken = next_batch(lane.waiting, self.config.agent.queue_mode)
+                del lane.waiting[:taken]
                 async with self._limit:
-                    await self.handle(msg)
-                lane.queue.popleft()
+                    lane.current, lane.stop_requested = work, False
+                    lane.turn = asyncio.create_task(self.handle(work, lane), name=f"turn:{key}")
+                    try:
+                        await lane.turn
+                    except asyncio.CancelledError:
+                        if not lane.stop_requested or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                            raise
+                    finally:
+                        lane.turn = lane.current = None
         finally:
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
 
-    # one message --------------------------------------------------------------------------
+    def _steer(self, lane: _Lane, work: Work) -> Callable[[], list[dict[str, Any]]] | None:
+        """In ``steer`` mode: hand messages that arrived meanwhile to the running turn."""
+        if self.config.agent.queue_mode != "steer":
+            return None
 
-    async def handle(self, msg: InboundMessage) -> None:
-        """Process one message; every failure becomes a message in the chat, not a traceback."""
+        def take() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            while lane.waiting and not lane.waiting[0].msg.is_command:
+                arrived = lane.waiting.pop(0)
+                work.sources.extend(arrived.sources)
+                body = self.context.stored_user_message(arrived.msg)
+                out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
+            return out
+        return take
+
+    # one piece of work --------------------------------------------------------------------
+
+    async def handle(self, work: Work, lane: _Lane | None = None) -> None:
+        """Process one turn; every failure becomes a message in the chat, not a traceback."""
+        msg = work.msg
         if msg.metadata.get(CONTEXT_ONLY):
-            await self._keep_as_context(msg)
+            await self._keep_as_context(work)
             return
-        activity = ChatActivity(channel=msg.channel, chat_id=msg.chat_id, thread_id=msg.thread_id)
-        self.bus.activity(activity)
+        self.bus.activity(ChatActivity(channel=msg.channel, chat_id=msg.chat_id,
+                                       thread_id=msg.thread_id))
         try:
             if msg.is_command:
                 await self._command(msg)
             else:
-                await self._turn(msg)
+                await self._turn(work, lane)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             _log.exception("turn for %s failed", msg.session_key)
-            await self._reply(msg, AgentError.user_message, kind="error")
+            self._note_error(f"{type(exc).__name__}: {exc}")
+            await self._answer(work.sources, msg, AgentError.user_message, kind="error")
         finally:
             self.bus.activity(ChatActivity(channel=msg.channel, chat_id=msg.chat_id,
                                            thread_id=msg.thread_id, busy=False))
 
-    async def _keep_as_context(self, msg: InboundMessage) -> None:
+    async def _keep_as_context(self, work: Work) -> None:
         """A group message not addressed to us: part of the history, no turn, no reply."""
-        session = await self.store.active_session(msg.session_key)
-        body = self.context.stored_user_message(msg)
+        session = await self.store.active_session(work.msg.session_key)
+        body = self.context.stored_user_message(work.msg)
         await self.recorder.finish(
-            TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=msg.message_id,
+            TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=work.msg.message_id,
                        started_at=utcnow(), user_message=body,
-                       user_tokens=self.counter.count_message(body)),
+                       user_tokens=self.counter.count_message(body), sources=work.sources),
             None, status="context")
 
     async def _command(self, msg: InboundMessage) -> None:
-        info = CommandInfo(model=self.config.agent.model, tools=self.registry.names)
+        info = CommandInfo(model=self.config.agent.model, tools=self.registry.names,
+                           queued=len(lane.waiting) if (lane := self._lanes.get(
+                               msg.session_key)) else 0)
         try:
             text = await run_command(msg, self.store, info)
         except Exception:
             _log.exception("command %r failed", msg.text)
             text = AgentError.user_message
-        await self._reply(msg, text, kind="notice")
+        await self._answer([msg], msg, text, kind="notice")
 
-    async def _turn(self, msg: InboundMessage) -> None:
+    async def _stop_command(self, msg: InboundMessage) -> None:
+        """``/stop``: bypasses the queue and cancels the running turn at once."""
+        lane = self._lanes.get(msg.session_key)
+        turn = lane.turn if lane else None
+        if lane is None or turn is None or turn.done():
+            text = "Nothing is running."
+        else:
+            lane.stop_requested = True
+            turn.cancel()
+            await asyncio.wait({turn}, timeout=STOP_WAIT)
+            waiting = len(lane.waiting)
+            text = "Stopped. What you sent is kept in the conversation."
+            if waiting:
+                text += f" {waiting} message(s) waiting will be answered next."
+        await self._answer([msg], msg, text, kind="notice")
+
+    async def _turn(self, work: Work, lane: _Lane | None) -> None:
+        msg = work.msg
         session = await self.store.active_session(msg.session_key)
         ctx = TurnContext(
             session_key=msg.session_key, session_id=session.id, channel=msg.channel,
             chat_id=msg.chat_id, sender_id=msg.sender_id, sender_name=msg.sender_name,
             chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
-            kind=msg.kind, workspace=self.config.workspace_path, received_at=msg.received_at,
+            kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
             tools=self.config.agent.tools)
         history = await self.store.recent_messages(
             session.id, self.config.agent.context.max_recent_messages)
         built = self.context.build(
             inbound=msg, history=history, hints=self.hints(msg.channel),
-            tools_tokens=self._tools_tokens(), session_key=msg.session_key,
+            tools_tokens=self._schema_tokens(), session_key=msg.session_key,
             turn_id=ctx.turn_id)
         record = TurnRecord(session_id=session.id, turn_id=ctx.turn_id,
                             inbound_id=msg.message_id, started_at=utcnow(),
                             user_message=built.user_message, user_tokens=built.user_tokens,
-                            snapshot=built.snapshot)
-        async def progress(text: str) -> None:
-            await self._reply(msg, text, kind="progress", turn_id=ctx.turn_id, key=new_id())
+                            snapshot=built.snapshot, sources=work.sources)
 
+        async def progress(text: str) -> None:
+            await self.bus.publish_outbound(self._outbound(msg, text, "progress", ctx.turn_id,
+                                                           key=new_id()))
+
+        result = RunResult(text="")
         try:
-            result = await self.runner.run(built.messages, ctx, progress)
+            await self.runner.run(built.messages, ctx, progress,
+                                  self._steer(lane, work) if lane else None, result)
         except ProviderError as exc:
             _log.warning("turn %s: %s: %s", ctx.turn_id, type(exc).__name__, exc)
-            await self.recorder.finish(record, None, status="error", error=str(exc))
-            await self._reply(msg, exc.user_message, kind="error", turn_id=ctx.turn_id)
+            self._note_error(f"{type(exc).__name__}: {exc}")
+            reply = self._outbound(msg, exc.user_message, "error", ctx.turn_id)
+            await self.recorder.finish(record, result, status="error", error=str(exc),
+                                       outbound=[(reply, self.bus.expires_at(reply))])
+            await self.bus.publish_outbound(reply, stored=True)
             return
         except asyncio.CancelledError:
-            await asyncio.shield(self.recorder.finish(record, None, status="cancelled"))
-            raise
-        await self.recorder.finish(record, result, status=result.stop_reason)
+            if lane is not None and lane.stop_requested:  # /stop: keep what was done
+                await asyncio.shield(self.recorder.finish(record, result, status="stopped"))
+            raise  # shutdown: nothing stored, the message is answered after the next start
+        reply = self._outbound(msg, result.text, "reply", ctx.turn_id)
+        await self.recorder.finish(record, result, status=result.stop_reason,
+                                   outbound=[(reply, self.bus.expires_at(reply))])
         self.turns_done += 1
-        await self._reply(msg, result.text, kind="reply", turn_id=ctx.turn_id)
+        await self.bus.publish_outbound(reply, stored=True)
 
-    def _tools_tokens(self) -> int:
-        if self._tools_tokens_cache is None:
-            self._tools_tokens_cache = self.counter.count_tools(self.registry.schemas())
-        return self._tools_tokens_cache
+    # replies ------------------------------------------------------------------------------
 
-    async def _reply(self, msg: InboundMessage, text: str, *, kind: OutboundKind,
-                     turn_id: str | None = None, key: str | None = None) -> None:
+    def _schema_tokens(self) -> int:
+        if self._tools_tokens is None:
+            self._tools_tokens = self.counter.count_tools(self.registry.schemas())
+        return self._tools_tokens
+
+    def _note_error(self, text: str) -> None:
+        self.recent_errors = [*self.recent_errors[-9:], f"{utcnow():%H:%M:%S} {text}"]
+
+    def _outbound(self, msg: InboundMessage, text: str, kind: OutboundKind,
+                  turn_id: str | None = None, key: str | None = None) -> OutboundMessage:
+        system = msg.deliver_to is not None
         channel, chat_id = msg.deliver_to or (msg.channel, msg.chat_id)
-        await self.bus.publish_outbound(OutboundMessage(
+        return OutboundMessage(
             channel=channel, chat_id=chat_id, text=text, kind=kind,
-            reply_to=msg.message_id if msg.deliver_to is None else None,
-            thread_id=msg.thread_id if msg.deliver_to is None else None,
-            turn_id=turn_id, idempotency_key=f"{turn_id or new_id()}:{kind}:{key or ''}"))
+            reply_to=None if system else msg.message_id,
+            thread_id=None if system else msg.thread_id, turn_id=turn_id,
+            idempotency_key=f"{msg.channel}:{msg.chat_id}:{msg.message_id}:{kind}:{key or ''}")
+
+    async def _answer(self, sources: list[InboundMessage], msg: InboundMessage, text: str, *,
+                      kind: OutboundKind) -> None:
+        """A reply that is not a model turn (commands, errors): stored with its inbox
+        entries marked answered, in one transaction, then sent."""
+        reply = self._outbound(msg, text, kind)
+        await self.store.finish_inbound(sources, [(reply, self.bus.expires_at(reply))])
+        await self.bus.publish_outbound(reply, stored=True)

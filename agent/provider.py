@@ -21,6 +21,7 @@ from typing import Any
 from agent.errors import (
     ProviderAuthError,
     ProviderBadRequest,
+    ProviderContextTooLarge,
     ProviderError,
     ProviderNotConfigured,
     ProviderUnavailable,
@@ -309,18 +310,20 @@ def _map_error(lib: ModuleType, exc: Exception, model: str) -> ProviderError:
     if isinstance(exc, lib.AuthenticationError | lib.PermissionDeniedError):
         return ProviderAuthError(_short(exc), model=model)
     if isinstance(exc, lib.Timeout):
-        return ProviderUnavailable("timed out", model=model)
+        return ProviderUnavailable("timed out", model=model, cause="timeout")
     if isinstance(exc, lib.RateLimitError):
         return ProviderUnavailable("rate limited (429)", model=model,
-                                   retry_after=_retry_after(exc))
-    if isinstance(exc, lib.ContextWindowExceededError | lib.BadRequestError | lib.NotFoundError):
+                                   retry_after=_retry_after(exc), cause="rate_limited")
+    if isinstance(exc, lib.ContextWindowExceededError):
+        return ProviderContextTooLarge(_short(exc), model=model)
+    if isinstance(exc, lib.BadRequestError | lib.NotFoundError):
         return ProviderBadRequest(_short(exc), model=model)
-    if isinstance(exc, lib.InternalServerError | lib.ServiceUnavailableError |
-                  lib.APIConnectionError | lib.BadGatewayError):
-        status = getattr(exc, "status_code", None)
-        return ProviderUnavailable(f"server error {status}" if status else _short(exc),
-                                   model=model)
     status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and (status == 429 or status >= 500):
-        return ProviderUnavailable(f"server error {status}", model=model)
+    if isinstance(exc, lib.APIConnectionError) and not isinstance(status, int):
+        return ProviderUnavailable(f"connection failed: {_short(exc)}", model=model)
+    if isinstance(exc, lib.InternalServerError | lib.ServiceUnavailableError |
+                  lib.APIConnectionError | lib.BadGatewayError) or (
+            isinstance(status, int) and status >= 500):
+        return ProviderUnavailable(f"server error {status}" if status else _short(exc),
+                                   model=model, cause="server_error")
     return ProviderError(f"{type(exc).__name__}: {_short(exc)}", model=model)

@@ -26,6 +26,8 @@ REPEAT_WARN = 3
 REPEAT_STOP = 5
 
 Progress = Callable[[str], Awaitable[None]]
+Steer = Callable[[], list[dict[str, Any]]]
+"""Returns user messages that arrived during the turn, to hand to the model at a tool step."""
 
 
 @dataclass(slots=True)
@@ -34,6 +36,19 @@ class RunResult:
     new_messages: list[dict[str, Any]] = field(default_factory=list)
     responses: list[LLMResponse] = field(default_factory=list)
     stop_reason: str = "done"
+
+    def complete_messages(self) -> list[dict[str, Any]]:
+        """``new_messages`` without a trailing tool call whose result never came (a cancelled
+        turn): what can be kept in history and replayed to the model."""
+        msgs = self.new_messages
+        for i in range(len(msgs) - 1, -1, -1):
+            calls = msgs[i].get("tool_calls") if msgs[i]["role"] == "assistant" else None
+            if calls:
+                answered = {m.get("tool_call_id") for m in msgs[i + 1:] if m["role"] == "tool"}
+                if not {c["id"] for c in calls} <= answered:
+                    return msgs[:i]
+                break
+        return list(msgs)
 
 
 def cut_result(text: str, max_chars: int) -> str:
@@ -63,8 +78,11 @@ class Runner:
         self.max_result_chars = max_result_chars
 
     async def run(self, messages: list[dict[str, Any]], ctx: TurnContext,
-                  progress: Progress | None = None) -> RunResult:
-        result = RunResult(text="")
+                  progress: Progress | None = None, steer: Steer | None = None,
+                  result: RunResult | None = None) -> RunResult:
+        """Run the loop; ``result`` (if given) fills in as it goes, so a cancelled turn's
+        caller still has what was done."""
+        result = result if result is not None else RunResult(text="")
         convo = list(messages)
         seen: Counter[str] = Counter()
         tools = self.registry.schemas() or None
@@ -90,6 +108,9 @@ class Runner:
                             "content": output.text}
                 convo.append(tool_msg)
                 result.new_messages.append(tool_msg)
+            for user_msg in steer() if steer else ():
+                convo.append(user_msg)
+                result.new_messages.append(user_msg)
             if max(seen.values(), default=0) >= REPEAT_STOP:
                 result.stop_reason = "repeated_calls"
                 result.text = ("I stopped because I kept repeating the same tool call with the "

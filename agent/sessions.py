@@ -8,6 +8,7 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.runner import RunResult
+from gateway.events import InboundMessage, OutboundMessage
 from gateway.store import LLMCallRecord, NewMessage, Store
 
 
@@ -19,6 +20,8 @@ class TurnRecord:
     started_at: datetime
     user_message: dict[str, Any]
     user_tokens: int
+    sources: list[InboundMessage]
+    """The stored inbound messages this turn answers (marked done with it)."""
     snapshot: dict[str, Any] | None = None
 
 
@@ -28,16 +31,19 @@ class SessionRecorder:
         self.counter = counter
 
     async def finish(self, turn: TurnRecord, result: RunResult | None, *,
-                     status: str = "done", error: str | None = None) -> None:
-        """Store the user's message (always: nothing a user sends is lost) and the answer."""
+                     status: str = "done", error: str | None = None,
+                     outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+        """One transaction: the user's message (always: nothing a user sends is lost), what
+        the model did (complete tool rounds only), the inbox entries answered, the reply."""
         messages = [NewMessage(turn.user_message, turn.user_tokens)]
         calls: list[LLMCallRecord] = []
         if result is not None:
             messages += [NewMessage(m, self.counter.count_message(m))
-                         for m in result.new_messages]
+                         for m in result.complete_messages()]
             calls = [LLMCallRecord(r.model, r.prompt_tokens, r.completion_tokens, r.latency_ms,
                                    r.attempts) for r in result.responses]
         await self.store.save_turn(
             session_id=turn.session_id, turn_id=turn.turn_id, inbound_id=turn.inbound_id,
             messages=messages, status=status, error=error, calls=calls,
-            snapshot=turn.snapshot, started_at=turn.started_at)
+            snapshot=turn.snapshot, started_at=turn.started_at, done=turn.sources,
+            outbound=outbound)

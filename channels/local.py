@@ -2,11 +2,12 @@
 
 In-process: ``inject``, ``wait_messages``, ``ask``. Over HTTP: ``POST /v1/messages`` → 202,
 ``GET /v1/messages?chat_id=&after=&wait=`` (long poll, ``wait`` capped at 60 s) and
-``GET /v1/health``. Every error is JSON ``{"error": "<field>: ..."}``: 400 for a bad field, 413
-for oversize input (``text`` over ``max_text_chars``, ``media[i]`` over ``max_media_bytes``,
-``body`` over what those allow), 401 for a missing or wrong bearer token, 503 while the bus is
-closed. Without a token the server only listens on loopback, because ``{"path"}`` media lets a
-caller hand the agent any file the gateway can read.
+``GET /v1/health``. A client may send its own ``message_id`` so that a retried POST is taken
+once (``"duplicate": true`` in the answer). Every error is JSON ``{"error": "<field>: ..."}``:
+400 for a bad field; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
+over ``max_media_bytes``, ``body`` over what those allow); 401 for a missing or wrong bearer
+token; 503 while the bus is closed. Without a token the server only listens on loopback,
+because ``{"path"}`` media lets a caller hand the agent any file the gateway can read.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MAX_WAIT_SECONDS = 60.0
 ANSWER_KINDS = frozenset({"reply", "error", "notice"})
 
 _POST_FIELDS = frozenset({"chat_id", "sender_id", "text", "sender_name", "chat_type",
-                          "mentioned", "thread_id", "media"})
+                          "mentioned", "thread_id", "media", "message_id"})
 _MIME = re.compile(r"[\w.+-]+/[\w.+-]+")
 _SAFE_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 _UINT = re.compile(r"[0-9]{1,18}")
@@ -158,9 +159,10 @@ def validate_post(data: Any, *, max_text_chars: int,
     media = _media_specs(data.get("media"), max_media_bytes)
     if not text and not media:
         raise ApiError("text: required, a non-empty string unless media is given")
+    ids = {"message_id": message_id} if (message_id := _optional(data, "message_id")) else {}
     msg = make_inbound(chat_id, text, sender_id=sender_id, chat_type=chat_type,
                        sender_name=_optional(data, "sender_name"), mentioned=mentioned,
-                       thread_id=_optional(data, "thread_id"))
+                       thread_id=_optional(data, "thread_id"), **ids)
     return msg, media
 
 
@@ -478,10 +480,13 @@ class LocalChannel:
             media = await asyncio.to_thread(store_media, specs, self._media_dir, limit)
             msg = replace(msg, media=media)
         try:
-            await self._bus.publish_inbound(msg)
+            new = await self._bus.publish_inbound(msg)
         except BusClosed:
             raise ApiError("gateway is shutting down", 503) from None
-        return web.json_response({"message_id": msg.message_id}, status=202)
+        body: dict[str, Any] = {"message_id": msg.message_id}
+        if not new:
+            body["duplicate"] = True  # a retry of a message already taken: not answered twice
+        return web.json_response(body, status=202)
 
     async def _get_messages(self, request: web.Request) -> web.Response:
         chat_id, after, wait = parse_poll_query(request.query)

@@ -32,15 +32,15 @@ CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
 
 class Gateway:
     def __init__(self, config: Config, *, configured_channels: bool = True,
-                 channels: list[Channel] | None = None, grace: float = 10.0) -> None:
+                 channels: list[Channel] | None = None, grace: float | None = None) -> None:
         """``configured_channels=False`` starts none of the config's channels (``parley chat``
         must not poll a bot a running gateway already polls); ``channels`` adds adapters."""
         self.config = config
-        self.grace = grace
+        self.grace = config.agent.shutdown_grace if grace is None else grace
         self._configured = configured_channels
         self._extra = list(channels or [])
         self.bus = MessageBus()
-        self.manager = ChannelManager(self.bus)
+        self.manager = ChannelManager(self.bus, config.channels.delivery)
         self.store: Store | None = None
         self.agent: AgentLoop | None = None
         self.provider = Provider(config.agent)
@@ -49,6 +49,7 @@ class Gateway:
         self._state = "new"
         self._stopped = asyncio.Event()
         self._warm_up: asyncio.Task[None] | None = None
+        self._dead_before = 0
 
     @property
     def state(self) -> str:
@@ -68,6 +69,8 @@ class Gateway:
         try:
             self.prepare_workspace()
             self.store = await Store.open(self.config.db_path)
+            self.bus.attach_store(self.store, self.config.channels.delivery.ttl)
+            self._dead_before = (await self.store.outbox_counts())["dead"]
             for channel in self._configured_channel_list():
                 self.manager.add(channel)
             for channel in self._extra:
@@ -77,8 +80,9 @@ class Gateway:
                                    registry=build_registry(self.config.agent.tools),
                                    hints=self.manager.hints)
             await self.manager.start_channels()
-            self.manager.start()
+            await self.manager.start(self.store)
             await self.agent.start()
+            await self.agent.recover()
             # litellm takes seconds to import: load it while the gateway is already serving.
             self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up), name="llm-warm-up")
         except BaseException:
@@ -123,7 +127,7 @@ class Gateway:
         self.bus.close()
         if self.agent is not None:
             await self.agent.stop(self.grace)
-        await self.manager.stop()
+        await self.manager.stop(within=max(self.grace, 0.5))
         await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
@@ -139,17 +143,39 @@ class Gateway:
         await self.stop()
 
     def health(self) -> dict[str, Any]:
+        """What ``GET /v1/health`` and ``parley status`` show; cheap (no I/O)."""
         uptime = time.monotonic() - self._started_at if self._started_at else 0.0
+        channels: dict[str, Any] = {}
+        for name, channel in self.manager.channels.items():
+            status = channel.status()
+            stats = self.manager.stats[name]
+            last_in = self.bus.last_inbound.get(name)
+            failing = bool(stats.recent_errors) and (stats.last_send_ok is None or
+                                                     stats.failed_tries > stats.sent)
+            channels[name] = {
+                "running": status.running,
+                "state": "down" if not status.running else
+                ("degraded" if failing or status.detail.get("degraded") else "connected"),
+                "last_inbound": last_in.isoformat() if last_in else None,
+                "last_send_ok": stats.last_send_ok.isoformat() if stats.last_send_ok else None,
+                "sent": stats.sent, "outbox_pending": self.manager.pending(name),
+                "dead_letters": stats.dead, "recent_errors": list(stats.recent_errors),
+                **status.detail,
+            }
+        agent = self.agent
         return {
             "gateway": self._state,
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
-            "channels": {name: {"running": s.running, **s.detail} for name, ch in
-                         self.manager.channels.items() for s in [ch.status()]},
-            "busy_sessions": self.agent.busy_sessions if self.agent else 0,
-            "turns_done": self.agent.turns_done if self.agent else 0,
+            "channels": channels,
+            "busy_sessions": agent.busy_sessions if agent else 0,
+            "queued_messages": agent.queued if agent else 0,
+            "inbound_queue": self.bus.inbound_size,
+            "turns_done": agent.turns_done if agent else 0,
             "delivered": self.manager.delivered,
-            "delivery_failures": self.manager.failed,
+            "outbox_pending": self.manager.pending(),
+            "dead_letters": self._dead_before + self.manager.failed,
+            "recent_errors": agent.recent_errors if agent else [],
         }
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:

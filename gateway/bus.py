@@ -1,7 +1,10 @@
 """The message bus: two bounded asyncio queues between channels and the agent.
 
 Bounded on purpose: a channel that produces faster than the agent consumes waits in
-``publish_inbound`` (back-pressure) instead of growing memory without limit.
+``publish_inbound`` (back-pressure) instead of growing memory without limit. With a store
+attached the bus is durable: an inbound message is in the inbox before ``publish_inbound``
+returns (so a channel acknowledges it to its platform only once it is safe), a repeated channel
+message is ignored, and an outbound message is in the outbox before it is queued for sending.
 """
 
 from __future__ import annotations
@@ -9,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from gateway.events import ChatActivity, InboundMessage, OutboundMessage
+from gateway.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+
+if TYPE_CHECKING:
+    from gateway.store import Store
 
 _log = logging.getLogger(__name__)
 
@@ -25,6 +33,18 @@ class MessageBus:
         self._outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(maxsize)
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
+        self._store: Store | None = None
+        self._ttl: Callable[[str], float] = lambda kind: 600.0
+        self.last_inbound: dict[str, datetime] = {}
+        self.duplicates = 0
+
+    def attach_store(self, store: Store, ttl: Callable[[str], float]) -> None:
+        """Make the bus durable; ``ttl(kind)`` is how long an outbound message may wait."""
+        self._store = store
+        self._ttl = ttl
+
+    def expires_at(self, msg: OutboundMessage) -> datetime:
+        return msg.created_at + timedelta(seconds=self._ttl(msg.kind))
 
     def on_activity(self, listener: Callable[[ChatActivity], None]) -> None:
         self._activity.append(listener)
@@ -45,9 +65,21 @@ class MessageBus:
         """Stop taking inbound messages; what is queued can still be consumed."""
         self._closed = True
 
-    async def publish_inbound(self, msg: InboundMessage) -> None:
+    async def publish_inbound(self, msg: InboundMessage) -> bool:
+        """Store and queue ``msg``; False (and nothing queued) for a duplicate."""
         if self._closed:
             raise BusClosed("the gateway is shutting down")
+        if self._store is not None and not await self._store.inbox_add(msg):
+            self.duplicates += 1
+            _log.info("ignored a repeat of %s message %s in chat %s", msg.channel,
+                      msg.message_id, msg.chat_id)
+            return False
+        self.last_inbound[msg.channel] = utcnow()
+        await self._inbound.put(msg)
+        return True
+
+    async def requeue_inbound(self, msg: InboundMessage) -> None:
+        """Queue a message already in the inbox (recovered after a restart)."""
         await self._inbound.put(msg)
 
     async def consume_inbound(self) -> InboundMessage:
@@ -60,7 +92,11 @@ class MessageBus:
             out.append(self._inbound.get_nowait())
         return out
 
-    async def publish_outbound(self, msg: OutboundMessage) -> None:
+    async def publish_outbound(self, msg: OutboundMessage, *, stored: bool = False) -> None:
+        """Queue ``msg`` for delivery, first writing it to the outbox unless ``stored``
+        (a turn writes its reply in its own transaction). Progress lines are not kept."""
+        if self._store is not None and not stored and msg.kind != "progress":
+            await self._store.outbox_add(msg, self.expires_at(msg))
         await self._outbound.put(msg)
 
     async def consume_outbound(self) -> OutboundMessage:

@@ -216,6 +216,10 @@ def _probe_health(config: Config) -> dict[str, Any] | None:
         return None
 
 
+def _short_time(value: Any) -> str:
+    return str(value)[11:19] if value else "-"
+
+
 @app.command()
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions."""
@@ -225,10 +229,22 @@ def status(config_path: ConfigOpt = None) -> None:
     out.print(f"model:    {config.agent.model}", highlight=False)
     if health:
         out.print(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
-                  f"{health.get('turns_done', 0)} turn(s) answered", highlight=False)
+                  f"{health.get('turns_done', 0)} turn(s) answered, "
+                  f"{health.get('busy_sessions', 0)} busy session(s), "
+                  f"{health.get('queued_messages', 0)} waiting message(s)", highlight=False)
+        out.print(f"outbox:   {health.get('outbox_pending', 0)} pending, "
+                  f"{health.get('dead_letters', 0)} dead letter(s)", highlight=False)
+        table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")
         for name, ch in (health.get("channels") or {}).items():
-            out.print(f"  {name}: {'running' if ch.get('running') else 'stopped'}",
-                      highlight=False)
+            table.add_row(name, str(ch.get("state", "?")), _short_time(ch.get("last_inbound")),
+                          _short_time(ch.get("last_send_ok")), str(ch.get("outbox_pending", 0)),
+                          str(ch.get("dead_letters", 0)))
+        out.print(table)
+        errors = [*health.get("recent_errors", []),
+                  *(f"{name}: {e}" for name, ch in (health.get("channels") or {}).items()
+                    for e in ch.get("recent_errors", []))]
+        for line in errors[-10:]:
+            out.print(f"  recent error: {line}", highlight=False, markup=False)
     else:
         out.print("gateway:  not reachable on the local channel (not running?)", highlight=False)
     if config.db_path.exists():

@@ -105,6 +105,8 @@ class AgentConfig(_Model):
     timezone: str = "UTC"
     max_concurrent_turns: int = Field(4, gt=0)
     queue_mode: Literal["collect", "followup", "steer"] = "collect"
+    queue_cap: int = Field(20, ge=2)
+    shutdown_grace: Duration = 10.0
     context: ContextConfig = ContextConfig()
     tools: ToolsConfig = ToolsConfig()
 
@@ -163,7 +165,23 @@ class WebchatChannelConfig(_Model):
     enabled: bool = False
 
 
+class DeliveryConfig(_Model):
+    """The outbox: how long an undelivered message is retried before it is dead-lettered."""
+
+    reply_ttl: Duration = 600.0
+    notice_ttl: Duration = 600.0
+    scheduled_ttl: Duration = 3600.0
+    backoff: Duration = 1.0
+    max_backoff: Duration = 60.0
+
+    def ttl(self, kind: str) -> float:
+        if kind in ("cron", "heartbeat"):
+            return self.scheduled_ttl
+        return self.reply_ttl if kind == "reply" else self.notice_ttl
+
+
 class ChannelsConfig(_Model):
+    delivery: DeliveryConfig = DeliveryConfig()
     local: LocalChannelConfig = LocalChannelConfig()
     terminal: TerminalChannelConfig = TerminalChannelConfig()
     telegram: TelegramChannelConfig = TelegramChannelConfig()

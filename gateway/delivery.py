@@ -1,8 +1,11 @@
 """ChannelManager: takes outbound messages off the bus and hands them to their channel.
 
-One worker per channel, so a slow or failing channel never delays another; messages of one
-channel go out in order. A failed send is retried with jittered backoff (honouring a
-channel's ``retry_after``) before it is given up and logged.
+Every message (but progress lines) is in the outbox before it gets here. Each chat has its own
+ordered worker, so a slow or failing chat never delays another chat, let alone another
+channel. A failed send is retried with jittered exponential backoff (a channel's
+``retry_after`` wins) until it is delivered, refused for good, or older than its TTL; then it
+is dead-lettered. On start, undelivered messages from the last run are sent first; a
+delivered one is never sent again.
 """
 
 from __future__ import annotations
@@ -10,40 +13,68 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from channels.base import Channel, ChannelHints, Delivery
 from gateway.bus import MessageBus
-from gateway.events import ChatActivity, OutboundMessage
+from gateway.config import DeliveryConfig
+from gateway.events import ChatActivity, OutboundMessage, utcnow
+from gateway.store import Store
 
 _log = logging.getLogger(__name__)
 
+RECENT_ERRORS = 10
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    sent: int = 0
+    failed_tries: int = 0
+    dead: int = 0
+    last_send_ok: datetime | None = None
+    recent_errors: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
+
+
+@dataclass(slots=True)
+class _Job:
+    msg: OutboundMessage
+    attempts: int = 0
+    expires_at: datetime | None = None
+    durable: bool = True
+
 
 class ChannelManager:
-    def __init__(self, bus: MessageBus, *, max_attempts: int = 4,
-                 backoff: float = 0.5) -> None:
+    def __init__(self, bus: MessageBus, config: DeliveryConfig | None = None) -> None:
         self.bus = bus
+        self.config = config or DeliveryConfig()
+        self.store: Store | None = None
         self.channels: dict[str, Channel] = {}
-        self.max_attempts = max_attempts
-        self.backoff = backoff
-        self._queues: dict[str, asyncio.Queue[OutboundMessage]] = {}
+        self.stats: dict[str, ChannelStats] = {}
+        self._chats: dict[tuple[str, str], deque[_Job]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.delivered = 0
-        self.failed = 0
+        self._router: asyncio.Task[None] | None = None
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         bus.on_activity(self._activity)
 
-    def _activity(self, event: ChatActivity) -> None:
-        """Forward to the channel's optional ``activity(event)`` (typing indicators)."""
-        channel = self.channels.get(event.channel)
-        hook = getattr(channel, "activity", None)
-        if hook is not None:
-            hook(event)
+    # channels ------------------------------------------------------------------------------
 
     def add(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
+        self.stats[channel.name] = ChannelStats()
 
     def hints(self, name: str) -> ChannelHints:
         channel = self.channels.get(name)
         return channel.hints if channel else ChannelHints()
+
+    def _activity(self, event: ChatActivity) -> None:
+        """Forward to the channel's optional ``activity(event)`` (typing indicators)."""
+        hook = getattr(self.channels.get(event.channel), "activity", None)
+        if hook is not None:
+            hook(event)
 
     async def start_channels(self) -> None:
         started: list[Channel] = []
@@ -63,22 +94,26 @@ class ChannelManager:
             except Exception:
                 _log.exception("channel %s did not stop cleanly", name)
 
-    def start(self) -> None:
-        self._spawn(self._route(), "delivery-router")
-        for name in self.channels:
-            self._queues[name] = asyncio.Queue()
-            self._spawn(self._worker(name), f"delivery:{name}")
+    # lifecycle -----------------------------------------------------------------------------
 
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def start(self, store: Store | None = None) -> None:
+        """Resend what the last run left undelivered, then route new messages."""
+        self.store = store
+        if store is not None:
+            now = utcnow()
+            for pending in await store.outbox_pending():
+                job = _Job(pending.message, pending.attempts, pending.expires_at)
+                if pending.expires_at <= now:
+                    await self._dead(job, "expired before the gateway could send it")
+                else:
+                    self._enqueue(job)
+        self._router = asyncio.create_task(self._route(), name="delivery-router")
 
     async def flush(self, within: float = 5.0) -> bool:
-        """Wait until everything queued so far was handed to its channel."""
+        """Wait until everything queued so far was delivered or given up."""
         async def drained() -> None:
             await self.bus.join_outbound()
-            await asyncio.gather(*(q.join() for q in self._queues.values()))
+            await self._idle.wait()
         try:
             await asyncio.wait_for(drained(), within)
             return True
@@ -86,59 +121,139 @@ class ChannelManager:
             return False
 
     async def stop(self, within: float = 5.0) -> None:
-        if not self._tasks:
+        if self._router is None:
             return
         if not await self.flush(within):
-            _log.warning("stopping with undelivered messages")
-        for task in list(self._tasks):
+            _log.warning("stopping with %d undelivered message(s); they stay in the outbox "
+                         "and are sent after the next start", self._inflight)
+        tasks = [self._router, *self._tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._router = None
         self._tasks.clear()
+        self._chats.clear()
+
+    def pending(self, channel: str | None = None) -> int:
+        return sum(len(q) for (name, _), q in self._chats.items()
+                   if channel is None or name == channel)
+
+    # routing -------------------------------------------------------------------------------
 
     async def _route(self) -> None:
         while True:
             msg = await self.bus.consume_outbound()
-            queue = self._queues.get(msg.channel)
-            if queue is None:
-                _log.error("no channel %r for a %s message to chat %s; dropped", msg.channel,
-                           msg.kind, msg.chat_id)
-                self.failed += 1
-            elif msg.kind != "progress" or getattr(self.channels[msg.channel],
-                                                   "wants_progress", False):
-                queue.put_nowait(msg)  # tool progress goes only to channels that show it
-            self.bus.outbound_done()
-
-    async def _worker(self, name: str) -> None:
-        queue = self._queues[name]
-        channel = self.channels[name]
-        while True:
-            msg = await queue.get()
             try:
-                await self._deliver(channel, msg)
+                channel = self.channels.get(msg.channel)
+                if channel is None:
+                    await self._dead(_Job(msg, durable=msg.kind != "progress"),
+                                     f"no channel {msg.channel!r} is running")
+                elif msg.kind != "progress":
+                    self._enqueue(_Job(msg, expires_at=self.bus.expires_at(msg)))
+                elif getattr(channel, "wants_progress", False):
+                    self._enqueue(_Job(msg, durable=False))  # shown live, never retried
             finally:
-                queue.task_done()
+                self.bus.outbound_done()
 
-    async def _deliver(self, channel: Channel, msg: OutboundMessage) -> Delivery:
-        delivery = Delivery(ok=False, error="not sent")
-        for attempt in range(1, self.max_attempts + 1):
+    def _enqueue(self, job: _Job) -> None:
+        key = (job.msg.channel, job.msg.chat_id)
+        queue = self._chats.get(key)
+        self._inflight += 1
+        self._idle.clear()
+        if queue is not None:
+            queue.append(job)
+            return
+        self._chats[key] = deque([job])
+        task = asyncio.create_task(self._chat_worker(key), name=f"delivery:{key[0]}:{key[1]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _chat_worker(self, key: tuple[str, str]) -> None:
+        """Send one chat's messages in order; the worker ends when the chat has none left."""
+        queue = self._chats[key]
+        try:
+            while queue:
+                job = queue[0]
+                try:
+                    await self._deliver(job)
+                except Exception:
+                    _log.exception("delivery to %s:%s failed unexpectedly", *key)
+                queue.popleft()
+                self._done()
+        finally:
+            if self._chats.get(key) is queue and not queue:
+                del self._chats[key]
+
+    def _done(self) -> None:
+        self._inflight -= 1
+        if self._inflight <= 0:
+            self._inflight = 0
+            self._idle.set()
+
+    # one message ---------------------------------------------------------------------------
+
+    async def _deliver(self, job: _Job) -> None:
+        channel = self.channels.get(job.msg.channel)
+        if channel is None:
+            await self._dead(job, f"no channel {job.msg.channel!r} is running")
+            return
+        stats = self.stats[channel.name]
+        while True:
+            job.attempts += 1
             try:
-                delivery = await channel.send(msg)
+                delivery = await channel.send(job.msg)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 _log.exception("channel %s raised while sending", channel.name)
                 delivery = Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")
             if delivery.ok:
-                self.delivered += 1
-                return delivery
-            if delivery.permanent or attempt == self.max_attempts:
-                break
-            delay = delivery.retry_after if delivery.retry_after is not None else \
-                self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
-            _log.warning("channel %s: send to %s failed (%s); retry in %.1fs", channel.name,
-                         msg.chat_id, delivery.error, delay)
+                stats.sent += 1
+                stats.last_send_ok = utcnow()
+                if job.durable and self.store is not None:
+                    await self.store.outbox_result(job.msg.idempotency_key, delivered=True,
+                                                   attempts=job.attempts)
+                return
+            stats.failed_tries += 1
+            error = delivery.error or "failed"
+            stats.recent_errors.append(f"{utcnow():%H:%M:%S} {job.msg.chat_id}: {error}")
+            if not job.durable:
+                return
+            delay = self._backoff(job.attempts, delivery.retry_after)
+            if delivery.permanent or (job.expires_at is not None and
+                                      (utcnow().timestamp() + delay) >
+                                      job.expires_at.timestamp()):
+                await self._dead(job, error)
+                return
+            if self.store is not None:
+                await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
+                                               attempts=job.attempts, error=error)
+            _log.warning("channel %s: send to %s failed (%s); retry %d in %.1fs",
+                         channel.name, job.msg.chat_id, error, job.attempts, delay)
             await asyncio.sleep(delay)
-        self.failed += 1
-        _log.error("channel %s: gave up sending to chat %s: %s", channel.name, msg.chat_id,
-                   delivery.error)
-        return delivery
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return max(0.0, retry_after)
+        base = self.config.backoff * 2 ** (attempt - 1)
+        return min(base, self.config.max_backoff) * random.uniform(0.5, 1.5)
+
+    async def _dead(self, job: _Job, error: str) -> None:
+        stats = self.stats.get(job.msg.channel)
+        if stats is not None:
+            stats.dead += 1
+        _log.error("gave up sending a %s message to %s:%s after %d attempt(s): %s",
+                   job.msg.kind, job.msg.channel, job.msg.chat_id, job.attempts, error)
+        if job.durable and self.store is not None:
+            await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
+                                           attempts=job.attempts, error=error, dead=True)
+
+    # health --------------------------------------------------------------------------------
+
+    @property
+    def delivered(self) -> int:
+        return sum(s.sent for s in self.stats.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(s.dead for s in self.stats.values())

@@ -7,7 +7,7 @@ anyone changing it underneath another. Timestamps are always timezone-aware.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -42,6 +42,32 @@ class Media:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in (("kind", self.kind), ("path", self.path), ("url", self.url),
                                   ("mime", self.mime), ("size", self.size)) if v is not None}
+
+
+def event_to_dict(event: Any) -> dict[str, Any]:
+    """A bus event as JSON-ready data, for the durable inbox and outbox."""
+    out: dict[str, Any] = {}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif f.name == "media":
+            value = [m.to_dict() for m in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    kwargs = dict(data)
+    for key in ("received_at", "created_at"):
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = datetime.fromisoformat(kwargs[key])
+    kwargs["media"] = tuple(Media(**m) for m in kwargs.get("media") or ())
+    if kwargs.get("deliver_to") is not None:
+        kwargs["deliver_to"] = tuple(kwargs["deliver_to"])
+    return cls(**kwargs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +106,10 @@ class InboundMessage:
     def is_command(self) -> bool:
         return self.kind == "command" or (self.kind == "user" and self.text.startswith("/"))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InboundMessage:
+        return _from_dict(cls, data)  # type: ignore[no-any-return]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutboundMessage:
@@ -93,6 +123,10 @@ class OutboundMessage:
     turn_id: str | None = None
     idempotency_key: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutboundMessage:
+        return _from_dict(cls, data)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

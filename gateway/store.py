@@ -19,7 +19,7 @@ from typing import Any
 
 import aiosqlite
 
-from gateway.events import utcnow
+from gateway.events import InboundMessage, OutboundMessage, event_to_dict, utcnow
 
 _log = logging.getLogger(__name__)
 
@@ -80,6 +80,35 @@ CREATE TABLE IF NOT EXISTS context_snapshots (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    received_at TEXT NOT NULL,
+    done_at TEXT,
+    UNIQUE (channel, chat_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(id) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL,
+    delivered_at TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(id) WHERE status = 'pending';
 """
 
 
@@ -120,6 +149,29 @@ class LLMCallRecord:
 
 def _iso(ts: datetime | None = None) -> str:
     return (ts or utcnow()).isoformat()
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOutbound:
+    message: OutboundMessage
+    attempts: int
+    expires_at: datetime
+
+
+_MARK_DONE = ("UPDATE inbox SET status = 'done', done_at = ? "
+              "WHERE channel = ? AND chat_id = ? AND message_id = ?")
+_INSERT_OUTBOX = (
+    "INSERT OR IGNORE INTO outbox (idempotency_key, channel, chat_id, kind, payload, created_at, "
+    "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def _outbox_row(msg: OutboundMessage, expires_at: datetime) -> tuple[Any, ...]:
+    return (msg.idempotency_key, msg.channel, msg.chat_id, msg.kind, _json(event_to_dict(msg)),
+            _iso(msg.created_at), _iso(expires_at))
 
 
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
@@ -241,10 +293,18 @@ class Store:
                         messages: list[NewMessage], status: str = "done",
                         error: str | None = None, calls: list[LLMCallRecord] | None = None,
                         snapshot: dict[str, Any] | None = None,
-                        started_at: datetime | None = None) -> None:
-        """Everything one turn writes, in one transaction."""
+                        started_at: datetime | None = None,
+                        done: list[InboundMessage] | None = None,
+                        outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+        """Everything one turn writes, in one transaction: its messages, the inbound messages
+        it answered (marked done), and its replies (into the outbox, to be delivered)."""
         now = _iso()
         async with self.transaction() as db:
+            if done:
+                await db.executemany(_MARK_DONE, [(now, m.channel, m.chat_id, m.message_id)
+                                                  for m in done])
+            if outbound:
+                await db.executemany(_INSERT_OUTBOX, [_outbox_row(m, e) for m, e in outbound])
             await db.executemany(
                 "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -272,6 +332,72 @@ class Store:
                 "UPDATE sessions SET message_count = message_count + ?, updated_at = ?, "
                 "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
                 (len(messages), now, total, session_id))
+
+    # inbox --------------------------------------------------------------------------------
+
+    async def inbox_add(self, msg: InboundMessage) -> bool:
+        """Store an inbound message; False when this channel message was stored before."""
+        async with self.transaction() as db:
+            cursor = await db.execute(
+                "INSERT OR IGNORE INTO inbox (channel, chat_id, message_id, payload, "
+                "received_at) VALUES (?, ?, ?, ?, ?)",
+                (msg.channel, msg.chat_id, msg.message_id, _json(event_to_dict(msg)),
+                 _iso(msg.received_at)))
+            return cursor.rowcount == 1
+
+    async def finish_inbound(self, done: list[InboundMessage],
+                             outbound: list[tuple[OutboundMessage, datetime]]) -> None:
+        """Mark inbound messages answered and store the answer, in one transaction."""
+        now = _iso()
+        async with self.transaction() as db:
+            await db.executemany(_MARK_DONE, [(now, m.channel, m.chat_id, m.message_id)
+                                              for m in done])
+            await db.executemany(_INSERT_OUTBOX, [_outbox_row(m, e) for m, e in outbound])
+
+    async def inbox_pending(self) -> list[InboundMessage]:
+        """Messages stored but not answered (the gateway stopped or crashed), oldest first."""
+        rows = await self._fetchall(
+            "SELECT payload FROM inbox WHERE status = 'pending' ORDER BY id", ())
+        return [InboundMessage.from_dict(json.loads(r[0])) for r in rows]
+
+    # outbox -------------------------------------------------------------------------------
+
+    async def outbox_add(self, msg: OutboundMessage, expires_at: datetime) -> None:
+        async with self.transaction() as db:
+            await db.execute(_INSERT_OUTBOX, _outbox_row(msg, expires_at))
+
+    async def outbox_pending(self) -> list[PendingOutbound]:
+        rows = await self._fetchall(
+            "SELECT payload, attempts, expires_at FROM outbox WHERE status = 'pending' "
+            "ORDER BY id", ())
+        return [PendingOutbound(OutboundMessage.from_dict(json.loads(r[0])), r[1],
+                                datetime.fromisoformat(r[2])) for r in rows]
+
+    async def outbox_result(self, key: str, *, delivered: bool, attempts: int,
+                            error: str | None = None, dead: bool = False) -> None:
+        """Record a delivery: delivered, still pending (a failed try), or dead-lettered."""
+        status = "delivered" if delivered else ("dead" if dead else "pending")
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE outbox SET status = ?, attempts = ?, last_error = ?, "
+                "delivered_at = CASE WHEN ? THEN ? ELSE delivered_at END "
+                "WHERE idempotency_key = ?",
+                (status, attempts, error, delivered, _iso(), key))
+
+    async def outbox_counts(self) -> dict[str, int]:
+        rows = await self._fetchall(
+            "SELECT status, COUNT(*) FROM outbox WHERE status != 'delivered' GROUP BY status",
+            ())
+        counts = {"pending": 0, "dead": 0}
+        counts.update({r[0]: int(r[1]) for r in rows})
+        return counts
+
+    async def dead_letters(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = await self._fetchall(
+            "SELECT idempotency_key, channel, chat_id, kind, attempts, last_error, created_at "
+            "FROM outbox WHERE status = 'dead' ORDER BY id DESC LIMIT ?", (limit,))
+        keys = ("key", "channel", "chat_id", "kind", "attempts", "last_error", "created_at")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     # snapshots and usage ------------------------------------------------------------------
 

@@ -171,15 +171,87 @@ async def test_status_and_help(client: Client, llm: ScriptedLLM) -> None:
     assert llm.calls == 1  # commands never reach the model
 
 
-async def test_messages_to_a_busy_session_wait_their_turn(client: Client,
-                                                          llm: ScriptedLLM) -> None:
-    llm.reply("first", delay=0.3).reply("second").reply("third")
-    for text in ("a", "b", "c"):
+async def test_busy_session_collects_waiting_messages_into_one_turn(
+        client: Client, llm: ScriptedLLM) -> None:
+    llm.reply("first", delay=0.5).reply("about b and c")
+    await client.post("c1", "a")
+    await llm.wait_for_requests(1)  # "a" is running; "b" and "c" arrive meanwhile
+    for text in ("b", "c"):
         await client.post("c1", text)
-    replies = await client.replies("c1", 3)
-    assert [r["text"] for r in replies] == ["first", "second", "third"]
-    last_user = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
-    assert last_user[:2] == ["a", "b"] and last_user[-1] == "c"
+    replies = await client.replies("c1", 2)
+    assert [r["text"] for r in replies] == ["first", "about b and c"]
+    users = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
+    assert users[0] == "a" and users[-1] == "b\n\nc"
+    llm.assert_all_used()
+
+
+async def test_followup_mode_answers_each_in_order(make_config: MakeConfig,
+                                                   llm: ScriptedLLM) -> None:
+    llm.reply("first", delay=0.3).reply("second").reply("third")
+    async with Gateway(make_config(agent={"queue_mode": "followup"})) as gw:
+        for text in ("a", "b", "c"):
+            await gw.local.inject("c1", text)
+        records: list[dict[str, Any]] = []
+        while len(records) < 3:
+            found, _ = await gw.local.wait_messages("c1", after=len(records), timeout=10)
+            assert found, records
+            records += found
+    assert [r["text"] for r in records] == ["first", "second", "third"]
+    users = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
+    assert users[:2] == ["a", "b"] and users[-1] == "c"
+
+
+async def test_steer_mode_hands_new_messages_to_the_running_turn(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    llm.tool_call("list_dir", {"path": "."}, delay=0.5).reply("done, with the change")
+    async with Gateway(make_config(agent={"queue_mode": "steer"})) as gw:
+        await gw.local.inject("c1", "list my files")
+        await llm.wait_for_requests(1)
+        await gw.local.inject("c1", "actually, only markdown files")
+        found, _ = await gw.local.wait_messages("c1", timeout=10)
+    assert [r["text"] for r in found] == ["done, with the change"]
+    last = llm.last_request["messages"]
+    assert last[-1]["role"] == "user"
+    assert last[-1]["content"].endswith("actually, only markdown files")
+    assert last[-2]["role"] == "tool"
+    llm.assert_all_used()
+
+
+async def test_queue_cap_folds_the_oldest_instead_of_dropping(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    llm.reply("first", delay=0.5)
+    config = make_config(agent={"queue_mode": "followup", "queue_cap": 3})
+    async with Gateway(config) as gw:
+        await gw.local.inject("c1", "m0")
+        await llm.wait_for_requests(1)
+        for i in range(1, 6):
+            await gw.local.inject("c1", f"m{i}")
+        llm.echo()
+        records: list[dict[str, Any]] = []
+        while len(records) < 4:
+            found, _ = await gw.local.wait_messages("c1", after=len(records), timeout=10)
+            assert found, records
+            records += found
+    texts = [r["text"] for r in records]
+    assert texts[0] == "first"
+    assert texts[1].startswith("echo: [3 earlier messages sent while I was busy, folded]")
+    assert all(f"m{i}" in texts[1] for i in (1, 2, 3)), texts
+    assert texts[2:] == ["echo: m4", "echo: m5"]
+
+
+async def test_stop_cancels_the_running_turn_and_keeps_the_message(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    llm.reply("too late", delay=30)
+    async with Gateway(make_config()) as gw:
+        await gw.local.inject("c1", "write a novel")
+        await llm.wait_for_requests(1)
+        notice = await gw.local.ask("c1", "/stop", timeout=5)
+        assert notice.startswith("Stopped.")
+        assert gw.store is not None
+        session = await gw.store.active_session("local:c1")
+        assert session.message_count == 1  # the user's message is kept
+        assert await gw.store.inbox_pending() == []  # and not answered again after a restart
+        assert await gw.local.ask("c1", "/stop", timeout=5) == "Nothing is running."
 
 
 async def test_sessions_run_concurrently(client: Client, llm: ScriptedLLM) -> None:

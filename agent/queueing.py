@@ -1,0 +1,89 @@
+"""What happens to messages that arrive while their session is busy (pure functions).
+
+Nothing here drops a message: ``collect`` merges waiting messages into one follow-up turn,
+``fold`` squeezes the oldest into a one-line summary when the queue passes its cap, and every
+result keeps the stored inbound messages it covers (``sources``) so each is marked answered.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field, replace
+
+from gateway.events import InboundMessage
+
+SENDERS_INLINE = "senders_inline"
+"""Metadata flag: the text already names each sender (merged group messages)."""
+
+
+@dataclass(slots=True)
+class Work:
+    msg: InboundMessage
+    """What the turn answers: one message, or several merged into one."""
+    sources: list[InboundMessage] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            self.sources = [self.msg]
+
+
+def _line(msg: InboundMessage, group: bool) -> str:
+    return f"[{msg.sender_name or msg.sender_id}] {msg.text}" if group else msg.text
+
+
+def merge(works: list[Work]) -> Work:
+    """Several waiting messages → one turn (``collect``), newest message's routing kept."""
+    if len(works) == 1:
+        return works[0]
+    last = works[-1].msg
+    group = any(w.msg.chat_type == "group" for w in works)
+    text = "\n\n".join(_line(w.msg, group and not w.msg.metadata.get(SENDERS_INLINE))
+                       for w in works)
+    msg = replace(last, text=text, media=tuple(m for w in works for m in w.msg.media),
+                  mentioned=any(w.msg.mentioned for w in works),
+                  metadata={**last.metadata, SENDERS_INLINE: group})
+    return Work(msg, [s for w in works for s in w.sources])
+
+
+FOLD_ITEM_CHARS = 60
+FOLD_LINE_CHARS = 1200
+
+
+def fold(works: list[Work], cap: int) -> list[Work]:
+    """Keep at most ``cap`` waiting turns: the oldest become one line that still says what
+    each message was (rebuilt from the originals, so folding twice loses nothing more)."""
+    if len(works) <= cap:
+        return works
+    count = len(works) - cap + 1
+    old, rest = works[:count], works[count:]
+    sources = [s for w in old for s in w.sources]
+    items = [f"{s.sender_name or s.sender_id}: {textwrap.shorten(s.text, FOLD_ITEM_CHARS) or '…'}"
+             for s in sources]
+    summary, shown = "", 0
+    for item in items:
+        if len(summary) + len(item) > FOLD_LINE_CHARS:
+            break
+        summary, shown = f"{summary} | {item}" if summary else item, shown + 1
+    if shown < len(items):
+        summary += f" | … and {len(items) - shown} more"
+    last = old[-1].msg
+    msg = replace(last, text=f"[{len(sources)} earlier messages sent while I was busy, folded] "
+                             f"{summary}",
+                  media=tuple(m for w in old for m in w.msg.media),
+                  metadata={**last.metadata, SENDERS_INLINE: True})
+    return [Work(msg, sources), *rest]
+
+
+def next_batch(waiting: list[Work], mode: str) -> tuple[Work, int]:
+    """The next turn from the front of the queue and how many queued items it takes.
+
+    ``followup`` takes one; ``collect`` and ``steer`` take every waiting message up to the
+    next command, so a command never merges into a conversation turn.
+    """
+    first = waiting[0]
+    if mode == "followup" or first.msg.is_command:
+        return first, 1
+    count = 1
+    while count < len(waiting) and not waiting[count].msg.is_command:
+        count += 1
+    return merge(waiting[:count]), count
