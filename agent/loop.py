@@ -95,9 +95,10 @@ class AgentLoop:
     async def start(self) -> None:
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
 
-    async def recover(self) -> int:
-        """Answer what the last run stored but did not answer (a stop or a crash)."""
-        pending = await self.store.inbox_pending()
+    async def recover(self, channels: list[str]) -> int:
+        """Answer what the last run stored but did not answer (a stop or a crash), for the
+        channels this process runs (``parley chat`` must not take the gateway's)."""
+        pending = await self.store.inbox_pending(channels)
         for msg in pending:
             await self.bus.requeue_inbound(msg)
         if pending:

@@ -319,8 +319,10 @@ def _map_error(lib: ModuleType, exc: Exception, model: str) -> ProviderError:
     if isinstance(exc, lib.BadRequestError | lib.NotFoundError):
         return ProviderBadRequest(_short(exc), model=model)
     status = getattr(exc, "status_code", None)
-    if isinstance(exc, lib.APIConnectionError) and not isinstance(status, int):
-        return ProviderUnavailable(f"connection failed: {_short(exc)}", model=model)
+    # litellm reports a refused or dropped connection as a 500 saying "Connection error".
+    if (isinstance(exc, lib.APIConnectionError) and not isinstance(status, int)) or \
+            "connection error" in str(exc).lower():
+        return ProviderUnavailable("connection failed", model=model)
     if isinstance(exc, lib.InternalServerError | lib.ServiceUnavailableError |
                   lib.APIConnectionError | lib.BadGatewayError) or (
             isinstance(status, int) and status >= 500):

@@ -82,7 +82,7 @@ class Gateway:
             await self.manager.start_channels()
             await self.manager.start(self.store)
             await self.agent.start()
-            await self.agent.recover()
+            await self.agent.recover(list(self.manager.channels))
             # litellm takes seconds to import: load it while the gateway is already serving.
             self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up), name="llm-warm-up")
         except BaseException:

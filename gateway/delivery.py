@@ -101,7 +101,7 @@ class ChannelManager:
         self.store = store
         if store is not None:
             now = utcnow()
-            for pending in await store.outbox_pending():
+            for pending in await store.outbox_pending(list(self.channels)):
                 job = _Job(pending.message, pending.attempts, pending.expires_at)
                 if pending.expires_at <= now:
                     await self._dead(job, "expired before the gateway could send it")

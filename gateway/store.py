@@ -155,6 +155,12 @@ def _json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
+def _in_channels(channels: list[str] | None) -> tuple[str, tuple[Any, ...]]:
+    if channels is None:
+        return "", ()
+    return f" AND channel IN ({', '.join('?' * len(channels)) or 'NULL'})", tuple(channels)
+
+
 @dataclass(frozen=True, slots=True)
 class PendingOutbound:
     message: OutboundMessage
@@ -354,10 +360,12 @@ class Store:
                                               for m in done])
             await db.executemany(_INSERT_OUTBOX, [_outbox_row(m, e) for m, e in outbound])
 
-    async def inbox_pending(self) -> list[InboundMessage]:
-        """Messages stored but not answered (the gateway stopped or crashed), oldest first."""
+    async def inbox_pending(self, channels: list[str] | None = None) -> list[InboundMessage]:
+        """Messages stored but not answered (the gateway stopped or crashed), oldest first;
+        only those of ``channels`` when given (another process may own the rest)."""
+        where, params = _in_channels(channels)
         rows = await self._fetchall(
-            "SELECT payload FROM inbox WHERE status = 'pending' ORDER BY id", ())
+            f"SELECT payload FROM inbox WHERE status = 'pending'{where} ORDER BY id", params)
         return [InboundMessage.from_dict(json.loads(r[0])) for r in rows]
 
     # outbox -------------------------------------------------------------------------------
@@ -366,10 +374,11 @@ class Store:
         async with self.transaction() as db:
             await db.execute(_INSERT_OUTBOX, _outbox_row(msg, expires_at))
 
-    async def outbox_pending(self) -> list[PendingOutbound]:
+    async def outbox_pending(self, channels: list[str] | None = None) -> list[PendingOutbound]:
+        where, params = _in_channels(channels)
         rows = await self._fetchall(
-            "SELECT payload, attempts, expires_at FROM outbox WHERE status = 'pending' "
-            "ORDER BY id", ())
+            "SELECT payload, attempts, expires_at FROM outbox WHERE status = 'pending'"
+            f"{where} ORDER BY id", params)
         return [PendingOutbound(OutboundMessage.from_dict(json.loads(r[0])), r[1],
                                 datetime.fromisoformat(r[2])) for r in rows]
 

@@ -12,6 +12,7 @@ import pytest
 from agent.errors import (
     ProviderAuthError,
     ProviderBadRequest,
+    ProviderContextTooLarge,
     ProviderNotConfigured,
     ProviderUnavailable,
 )
@@ -130,3 +131,26 @@ def test_starting_the_gateway_modules_does_not_import_litellm() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_failures_name_their_cause(llm: ScriptedLLM) -> None:
+    llm.error(429).error(429)
+    with pytest.raises(ProviderUnavailable) as limited:
+        await provider(llm, max_retries=1).complete(HELLO)
+    assert "rate limiting" in limited.value.user_message
+    assert "2 tries" in limited.value.user_message
+    llm.error(400, "This model's maximum context length is 8192 tokens. However, your "
+                   "messages resulted in 9000 tokens.")
+    with pytest.raises(ProviderContextTooLarge) as too_large:
+        await provider(llm).complete(HELLO)
+    assert "context window" in too_large.value.user_message
+    assert "/new" in too_large.value.user_message
+
+
+async def test_unreachable_server_is_named() -> None:
+    p = Provider(AgentConfig.model_validate({
+        "model": "openai/test-model", "api_base": "http://127.0.0.1:9/v1", "api_key": "k",
+        "max_retries": 0}))
+    with pytest.raises(ProviderUnavailable) as info:
+        await p.complete(HELLO)
+    assert "could not be reached" in info.value.user_message

@@ -110,6 +110,25 @@ async def test_a_turn_cut_by_shutdown_is_answered_after_restart(make_config: Mak
     assert llm.last_request["messages"][-1]["content"] == "important question"
 
 
+async def test_recovery_takes_only_the_channels_this_process_runs(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    """``parley chat`` (terminal only) must leave the gateway's pending work alone."""
+    config = make_config()
+    llm.reply("too slow", delay=30)
+    async with Gateway(config, grace=0.1) as gw:
+        await gw.local.inject("c1", "for the gateway")
+        await llm.wait_for_requests(1)
+    terminal_only = Gateway(config, configured_channels=False, channels=[ScriptedChannel()])
+    async with terminal_only:
+        assert terminal_only.store is not None
+        assert len(await terminal_only.store.inbox_pending()) == 1  # still waiting
+    assert llm.calls == 1
+    llm.reply("answered by the gateway")
+    async with Gateway(config) as gw2:
+        found, _ = await gw2.local.wait_messages("c1", timeout=10)
+        assert [r["text"] for r in found] == ["answered by the gateway"]
+
+
 async def test_send_failures_are_retried_and_a_429_waits(make_config: MakeConfig,
                                                         llm: ScriptedLLM) -> None:
     platform = ScriptedChannel()
