@@ -19,6 +19,7 @@ class CommandInfo:
 COMMAND_DESCRIPTIONS: dict[str, str] = {
     "new": "start a fresh conversation (the old one stays saved)",
     "stop": "stop the running answer at once (what you sent is kept)",
+    "compact": "summarise the older part of the conversation now (/compact [focus])",
     "status": "model, session, message count and context size",
     "help": "list the commands",
 }

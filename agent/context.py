@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import workspace as workspace_package
 from agent.budget import TokenCounter
 from agent.queueing import SENDERS_INLINE
 from channels.base import ChannelHints
 from gateway.config import Config
-from gateway.events import InboundMessage
-from gateway.store import StoredMessage
+from gateway.events import InboundMessage, event_to_dict
+from gateway.store import Compaction, StoredMessage
 from workspace.bootstrap import (
     BOOTSTRAP_FILES,
     HEARTBEAT_FILE,
@@ -40,8 +41,11 @@ _log = logging.getLogger(__name__)
 
 LAYER_SEPARATOR = "\n\n---\n\n"
 RUNTIME_TAG = "[Runtime Context — metadata only, not instructions]"
+SUMMARY_TAG = "[Summary of the earlier conversation — older messages were compacted]"
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_WINDOW = 32_000
+BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
+"""Skills shipped with Parley; a workspace skill of the same name overrides one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +71,11 @@ class BuiltContext:
     """What is stored in history for this input: the text, without runtime block or base64."""
     user_tokens: int
     snapshot: dict[str, Any] = field(default_factory=dict)
+    dropped_turns: int = 0
+    """Whole turns of history left out to fit: the session is due for compaction."""
 
 
-def _history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
+def history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
     """Split history into units that start at a user message, so cuts never split a turn."""
     groups: list[list[StoredMessage]] = []
     for msg in history:
@@ -84,7 +90,8 @@ def _history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
 
 class ContextBuilder:
     def __init__(self, config: Config, counter: TokenCounter, *,
-                 window: int | None = None) -> None:
+                 window: int | None = None, builtin_skills: Path | None = BUILTIN_SKILLS
+                 ) -> None:
         self.config = config
         self.counter = counter
         ctx = config.agent.context
@@ -92,7 +99,8 @@ class ContextBuilder:
         self.max_context_tokens = ctx.max_context_tokens or window or DEFAULT_WINDOW
         self.loader = BootstrapLoader(self.workspace, max_chars=ctx.bootstrap_max_chars,
                                       total_max_chars=ctx.bootstrap_total_max_chars)
-        self.skills = SkillsIndex([self.workspace / "skills"])
+        self.skills = SkillsIndex([*([builtin_skills] if builtin_skills else []),
+                                   self.workspace / "skills"])
         self.tz = ZoneInfo(config.agent.timezone)
         self._system_cache: dict[bool, tuple[Any, SystemPrompt]] = {}
 
@@ -220,8 +228,9 @@ class ContextBuilder:
     # assembly -----------------------------------------------------------------------------
 
     def _fit_history(self, history: list[StoredMessage], available: int,
-                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int]:
-        groups = _history_groups(history)
+                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int]:
+        """(messages kept, their tokens, whole turns dropped to fit ``available``)."""
+        groups = history_groups(history)
         if len(history) and sum(len(g) for g in groups) < len(history):
             trimmed.append(f"dropped {len(history) - sum(len(g) for g in groups)} message(s) "
                            "of a turn cut by max_recent_messages")
@@ -249,7 +258,7 @@ class ContextBuilder:
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
-        return [m for msgs, _ in prepared for m in msgs], total
+        return [m for msgs, _ in prepared for m in msgs], total, dropped
 
     def _shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode(str(body.get("content") or ""),
@@ -259,36 +268,56 @@ class ContextBuilder:
         new = {**body, "content": text}
         return new, self.counter.count_message(new)
 
+    def summary_message(self, compaction: Compaction) -> dict[str, Any]:
+        return {"role": "user", "content": f"{SUMMARY_TAG}\n{compaction.summary}"}
+
     def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
-              turn_id: str = "") -> BuiltContext:
+              turn_id: str = "", compaction: Compaction | None = None) -> BuiltContext:
+        """``history`` is what was stored after ``compaction`` (if any), oldest first."""
         system = self.system_prompt(heartbeat=inbound.kind == "heartbeat")
         runtime = {"role": "user", "content": self.runtime_block(inbound, hints)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
+        summary = [self.summary_message(compaction)] if compaction else []
+        summary_tokens = self.counter.count_message(summary[0]) if summary else 0
         runtime_tokens = self.counter.count_message(runtime)
         user_tokens = self.counter.count_message(user)
         reserve = self.config.agent.context.reply_reserve_tokens
         available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
-                     - runtime_tokens - user_tokens)
+                     - summary_tokens - runtime_tokens - user_tokens)
         trimmed: list[str] = []
-        kept, history_tokens = self._fit_history(history, max(available, 0), trimmed)
-        messages = [{"role": "system", "content": system.text}, *kept, runtime, user]
-        total = system.tokens + tools_tokens + history_tokens + runtime_tokens + user_tokens
+        kept, history_tokens, dropped = self._fit_history(history, max(available, 0), trimmed)
+        messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
+        total = (system.tokens + tools_tokens + summary_tokens + history_tokens
+                 + runtime_tokens + user_tokens)
         if total > self.max_context_tokens - reserve:
             trimmed.append("over budget even without history: the current input is kept whole")
-        digest = hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
-                                .encode()).hexdigest()
         snapshot = {
-            "session_key": session_key, "turn_id": turn_id, "hash": digest,
+            "session_key": session_key, "turn_id": turn_id, "hash": context_hash(messages),
             "total_tokens": total, "max_context_tokens": self.max_context_tokens,
             "layers": {**{layer.name: layer.tokens for layer in system.layers},
-                       "tools": tools_tokens, "history": history_tokens,
-                       "runtime": runtime_tokens, "user": user_tokens},
+                       "tools": tools_tokens, "summary": summary_tokens,
+                       "history": history_tokens, "runtime": runtime_tokens,
+                       "user": user_tokens},
             "sources": {"history_available": len(history), "history_kept": len(kept),
-                        "skills": system.skills,
-                        "images": sum(1 for m in inbound.media if m.kind == "image")},
+                        "skills": system.skills, "compaction": compaction.id if compaction
+                        else None, "images": sum(1 for m in inbound.media if m.kind == "image")},
             "trimmed": trimmed, "bootstrap_cuts": list(system.notes),
+            # What a replay needs to rebuild exactly these messages from the database.
+            "inputs": {"inbound": event_to_dict(inbound),
+                       "history_ids": [history[0].id, history[-1].id] if history else None,
+                       "compaction_id": compaction.id if compaction else None,
+                       "hints": {"markup": hints.markup, "max_length": hints.max_length,
+                                 "etiquette": hints.etiquette},
+                       "tools_tokens": tools_tokens},
         }
         return BuiltContext(messages=messages, user_message=stored,
-                            user_tokens=self.counter.count_message(stored), snapshot=snapshot)
+                            user_tokens=self.counter.count_message(stored), snapshot=snapshot,
+                            dropped_turns=dropped)
+
+
+def context_hash(messages: list[dict[str, Any]]) -> str:
+    """The fingerprint of exactly what the model is sent (stable key order)."""
+    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
+                          .encode()).hexdigest()

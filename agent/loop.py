@@ -20,11 +20,12 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, run_command
-from agent.context import ContextBuilder
-from agent.errors import AgentError, ProviderError
+from agent.compaction import FLUSH_PROMPT, CompactionFailed, Compactor, split_history
+from agent.context import BuiltContext, ContextBuilder
+from agent.errors import AgentError, ProviderContextTooLarge, ProviderError
 from agent.provider import Provider, context_window
 from agent.queueing import Work, fold, next_batch
-from agent.runner import Runner, RunResult
+from agent.runner import Runner, RunResult, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
@@ -40,12 +41,23 @@ from gateway.events import (
     new_id,
     utcnow,
 )
-from gateway.store import Store
+from gateway.store import Compaction, Store, StoredMessage
 
 _log = logging.getLogger(__name__)
 
 STOP_WAIT = 5.0
+MANUAL_KEEP = 2
+"""/compact and a context overflow keep only the last exchange word for word."""
+COMPACTION_READ_LIMIT = 5000
+"""Most messages read to choose what to summarise (only when compacting)."""
 STEERED_PREFIX = "[New message while you were working]"
+
+
+def ctx_message(ctx: TurnContext) -> InboundMessage:
+    """A stand-in message with the turn's routing, to measure the fixed part of a context."""
+    return InboundMessage(channel=ctx.channel, chat_id=ctx.chat_id, sender_id=ctx.sender_id,
+                          text="", received_at=ctx.received_at, chat_type=ctx.chat_type,
+                          thread_id=ctx.thread_id)
 
 
 @dataclass(slots=True)
@@ -72,6 +84,8 @@ class AgentLoop:
         self.recorder = SessionRecorder(store, self.counter)
         self.runner = Runner(provider, registry, max_iterations=config.agent.max_iterations,
                              max_result_chars=config.agent.tools.max_result_chars)
+        self.compaction = config.agent.context.compaction
+        self.compactor = Compactor(provider, store, self.counter, self.compaction)
         self._limit = asyncio.Semaphore(config.agent.max_concurrent_turns)
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -208,7 +222,9 @@ class AgentLoop:
         self.bus.activity(ChatActivity(channel=msg.channel, chat_id=msg.chat_id,
                                        thread_id=msg.thread_id))
         try:
-            if msg.is_command:
+            if msg.is_command and parse_command(msg.text)[0] == "compact":
+                await self._compact_command(msg)
+            elif msg.is_command:
                 await self._command(msg)
             else:
                 await self._turn(work, lane)
@@ -259,6 +275,61 @@ class AgentLoop:
                 text += f" {waiting} message(s) waiting will be answered next."
         await self._answer([msg], msg, text, kind="notice")
 
+    async def _history(self, session_id: int, compaction: Compaction | None,
+                       limit: int) -> tuple[list[StoredMessage], bool]:
+        """Messages since the last compaction, at most ``limit``; and whether there were
+        more (then the session is due for compaction)."""
+        start = compaction.first_kept_id if compaction else 0
+        history = await self.store.recent_messages(session_id, limit + 1, from_id=start)
+        return (history[1:], True) if len(history) > limit else (history, False)
+
+    def _build(self, msg: InboundMessage, ctx: TurnContext, history: list[StoredMessage],
+               compaction: Compaction | None) -> BuiltContext:
+        return self.context.build(
+            inbound=msg, history=history, hints=self.hints(msg.channel),
+            tools_tokens=self._schema_tokens(), session_key=msg.session_key,
+            turn_id=ctx.turn_id, compaction=compaction)
+
+    async def _compact(self, ctx: TurnContext, session_id: int, previous: Compaction | None,
+                       *, keep_share: float, keep_messages: int | None = None,
+                       focus: str | None = None) -> Compaction:
+        """Summarise the oldest part of the session; raises CompactionFailed."""
+        start = previous.first_kept_id if previous else 0
+        everything = await self.store.recent_messages(session_id, COMPACTION_READ_LIMIT,
+                                                      from_id=start)
+        probe = self._build(ctx_message(ctx), ctx, [], previous)
+        budget = max(self.context.max_context_tokens - self.config.agent.context
+                     .reply_reserve_tokens - probe.snapshot["total_tokens"], 0)
+        if keep_messages is None:
+            keep_messages = self.config.agent.context.max_recent_messages // 2
+        split = split_history(everything, keep_tokens=int(budget * keep_share),
+                              keep_messages=keep_messages)
+        if not split.old:
+            raise CompactionFailed("nothing to compact yet")
+        if self.compaction.memory_flush:
+            await self._flush_memory(ctx, previous, split.old)
+        return await self.compactor.compact(session_id, split, previous, focus)
+
+    async def _flush_memory(self, ctx: TurnContext, previous: Compaction | None,
+                            old: list[StoredMessage]) -> None:
+        """A silent turn: the agent may save lasting facts before they are summarised.
+        Nothing of it is stored in the conversation or delivered."""
+        memory = self.registry.get("memory")
+        if memory is None:
+            return
+        system = self.context.system_prompt()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system.text}]
+        if previous is not None:
+            messages.append(self.context.summary_message(previous))
+        messages += [m.body for m in old]
+        messages.append({"role": "user", "content": FLUSH_PROMPT})
+        flusher = Runner(self.provider, ToolRegistry([memory]), max_iterations=4,
+                         max_result_chars=self.config.agent.tools.max_result_chars)
+        try:
+            await asyncio.wait_for(flusher.run(messages, ctx), self.compaction.timeout)
+        except (TimeoutError, ProviderError) as exc:
+            _log.warning("memory flush before compaction skipped: %s", exc)
+
     async def _turn(self, work: Work, lane: _Lane | None) -> None:
         msg = work.msg
         session = await self.store.active_session(msg.session_key)
@@ -268,29 +339,53 @@ class AgentLoop:
             chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
             kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
             tools=self.config.agent.tools)
-        history = await self.store.recent_messages(
-            session.id, self.config.agent.context.max_recent_messages)
-        built = self.context.build(
-            inbound=msg, history=history, hints=self.hints(msg.channel),
-            tools_tokens=self._schema_tokens(), session_key=msg.session_key,
-            turn_id=ctx.turn_id)
-        record = TurnRecord(session_id=session.id, turn_id=ctx.turn_id,
-                            inbound_id=msg.message_id, started_at=utcnow(),
-                            user_message=built.user_message, user_tokens=built.user_tokens,
-                            snapshot=built.snapshot, sources=work.sources)
+        limit = self.config.agent.context.max_recent_messages
+        compaction = await self.store.compaction(session.id)
+        history, more = await self._history(session.id, compaction, limit)
+        built = self._build(msg, ctx, history, compaction)
+        if self.compaction.enabled and (built.dropped_turns or more):
+            try:
+                compaction = await self._compact(
+                    ctx, session.id, compaction, keep_share=self.compaction.keep_recent_share)
+            except CompactionFailed as exc:
+                _log.warning("compaction of %s failed: %s", msg.session_key, exc)
+                await self.bus.publish_outbound(self._outbound(
+                    msg, f"(I couldn't summarise the older messages — {exc} — so the oldest "
+                         "are left out of this answer; they stay saved.)", "notice",
+                    ctx.turn_id, key="compaction"))
+            else:
+                history, _ = await self._history(session.id, compaction, limit)
+                built = self._build(msg, ctx, history, compaction)
 
         async def progress(text: str) -> None:
             await self.bus.publish_outbound(self._outbound(msg, text, "progress", ctx.turn_id,
                                                            key=new_id()))
 
+        steer = self._steer(lane, work) if lane else None
         result = RunResult(text="")
+        record = self._record(work, session.id, ctx, built)
         try:
-            await self.runner.run(built.messages, ctx, progress,
-                                  self._steer(lane, work) if lane else None, result)
-        except ProviderError as exc:
+            try:
+                await self.runner.run(built.messages, ctx, progress, steer, result,
+                                      self._budget(built))
+            except ProviderContextTooLarge:
+                if not self.compaction.enabled:
+                    raise
+                compaction = await self._compact(  # the window was smaller than we thought
+                    ctx, session.id, compaction, keep_share=self.compaction.keep_recent_share / 4,
+                    keep_messages=MANUAL_KEEP)
+                history, _ = await self._history(session.id, compaction, limit)
+                built = self._build(msg, ctx, history, compaction)
+                record = self._record(work, session.id, ctx, built)
+                result = RunResult(text="")
+                await self.runner.run(built.messages, ctx, progress, steer, result,
+                                      self._budget(built))
+        except (ProviderError, CompactionFailed) as exc:
             _log.warning("turn %s: %s: %s", ctx.turn_id, type(exc).__name__, exc)
             self._note_error(f"{type(exc).__name__}: {exc}")
-            reply = self._outbound(msg, exc.user_message, "error", ctx.turn_id)
+            text = exc.user_message if isinstance(exc, ProviderError) else \
+                ProviderContextTooLarge(str(exc)).user_message
+            reply = self._outbound(msg, text, "error", ctx.turn_id)
             await self.recorder.finish(record, result, status="error", error=str(exc),
                                        outbound=[(reply, self.bus.expires_at(reply))])
             await self.bus.publish_outbound(reply, stored=True)
@@ -304,6 +399,39 @@ class AgentLoop:
                                    outbound=[(reply, self.bus.expires_at(reply))])
         self.turns_done += 1
         await self.bus.publish_outbound(reply, stored=True)
+
+    def _budget(self, built: BuiltContext) -> TurnBudget:
+        limit = self.context.max_context_tokens - self.config.agent.context.reply_reserve_tokens
+        return TurnBudget(limit=limit, used=built.snapshot["total_tokens"],
+                          count=self.counter.count_message)
+
+    def _record(self, work: Work, session_id: int, ctx: TurnContext,
+                built: BuiltContext) -> TurnRecord:
+        return TurnRecord(session_id=session_id, turn_id=ctx.turn_id,
+                          inbound_id=work.msg.message_id, started_at=utcnow(),
+                          user_message=built.user_message, user_tokens=built.user_tokens,
+                          snapshot=built.snapshot, sources=work.sources)
+
+    async def _compact_command(self, msg: InboundMessage) -> None:
+        """``/compact [focus]``: summarise the older part of the conversation now."""
+        focus = parse_command(msg.text)[1] or None
+        session = await self.store.active_session(msg.session_key)
+        ctx = TurnContext(session_key=msg.session_key, session_id=session.id,
+                          channel=msg.channel, chat_id=msg.chat_id, sender_id=msg.sender_id,
+                          workspace=self.workspace, received_at=msg.received_at,
+                          tools=self.config.agent.tools, thread_id=msg.thread_id)
+        previous = await self.store.compaction(session.id)
+        try:
+            entry = await self._compact(ctx, session.id, previous,
+                                        keep_share=self.compaction.keep_recent_share,
+                                        keep_messages=MANUAL_KEEP, focus=focus)
+        except CompactionFailed as exc:
+            text = f"Nothing was compacted: {exc}."
+        else:
+            text = (f"Compacted {entry.messages_summarised} earlier message(s) "
+                    f"({entry.tokens_before:,} tokens) into a {entry.summary_tokens:,}-token "
+                    "summary. The full history stays saved.")
+        await self._answer([msg], msg, text, kind="notice")
 
     # replies ------------------------------------------------------------------------------
 

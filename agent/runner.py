@@ -31,11 +31,46 @@ Steer = Callable[[], list[dict[str, Any]]]
 
 
 @dataclass(slots=True)
+class TurnBudget:
+    """Tokens the turn may use; ``used`` starts at the built context's size."""
+
+    limit: int
+    used: int
+    count: Callable[[dict[str, Any]], int]
+
+
+ONE_LINE = 120
+
+
+def shorten_old_tool_results(convo: list[dict[str, Any]], budget: TurnBudget) -> int:
+    """Replace tool results, oldest first and never the latest round's, by one line until the
+    conversation fits; returns how many were shortened."""
+    last_assistant = max((i for i, m in enumerate(convo) if m["role"] == "assistant"),
+                         default=-1)
+    shortened = 0
+    for i, m in enumerate(convo[:last_assistant]):
+        if budget.used <= budget.limit:
+            break
+        content = m.get("content")
+        if m["role"] != "tool" or not isinstance(content, str) or content.startswith("[shortened"):
+            continue
+        first = content.strip().splitlines()[0] if content.strip() else ""
+        line = first if len(first) <= ONE_LINE else first[:ONE_LINE] + "…"
+        new = {**m, "content": f"[shortened to fit the context window] {line}"}
+        budget.used += budget.count(new) - budget.count(m)
+        convo[i] = new
+        shortened += 1
+    return shortened
+
+
+@dataclass(slots=True)
 class RunResult:
     text: str
     new_messages: list[dict[str, Any]] = field(default_factory=list)
     responses: list[LLMResponse] = field(default_factory=list)
     stop_reason: str = "done"
+    shortened: int = 0
+    """Old tool results shortened to one line during the turn to stay in the window."""
 
     def complete_messages(self) -> list[dict[str, Any]]:
         """``new_messages`` without a trailing tool call whose result never came (a cancelled
@@ -79,14 +114,21 @@ class Runner:
 
     async def run(self, messages: list[dict[str, Any]], ctx: TurnContext,
                   progress: Progress | None = None, steer: Steer | None = None,
-                  result: RunResult | None = None) -> RunResult:
+                  result: RunResult | None = None,
+                  budget: TurnBudget | None = None) -> RunResult:
         """Run the loop; ``result`` (if given) fills in as it goes, so a cancelled turn's
         caller still has what was done."""
         result = result if result is not None else RunResult(text="")
         convo = list(messages)
         seen: Counter[str] = Counter()
         tools = self.registry.schemas() or None
+        counted = len(convo)
         for _ in range(self.max_iterations):
+            if budget is not None:
+                budget.used += sum(budget.count(m) for m in convo[counted:])
+                counted = len(convo)
+                if budget.used > budget.limit:
+                    result.shortened += shorten_old_tool_results(convo, budget)
             response = await self.provider.complete(convo, tools)
             result.responses.append(response)
             assistant = response.assistant_message()

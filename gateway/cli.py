@@ -309,34 +309,69 @@ def sessions_export(ref: Annotated[str, typer.Argument(help="Session id or key."
 @context_app.command("show")
 def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                  config_path: ConfigOpt = None,
+                 turn: Annotated[int | None, typer.Option(
+                     "--turn", "-t", help="Turn number (1 = first; negative counts back).")]
+                 = None,
+                 full: Annotated[bool, typer.Option(
+                     "--full", help="Also print the exact messages sent (rebuilt).")] = False,
                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Explain the last context the model saw in a session."""
+    """Explain what the model saw in a turn (default: the last one)."""
+    from agent.replay import replay
+
     config = _load(config_path)
 
     async def fn(store: Any) -> Any:
         session = await store.find_session(ref)
         if session is None:
             raise _fail(f"no session {ref!r} (see `parley sessions list`)")
-        return await store.latest_snapshot(session.id)
+        snaps = await store.snapshots(session.id)
+        if not snaps:
+            raise _fail(f"session {ref!r} has no context snapshot yet")
+        index = len(snaps) - 1 if turn is None else (turn - 1 if turn > 0 else len(snaps) + turn)
+        if not 0 <= index < len(snaps):
+            raise _fail(f"session {ref!r} has turns 1 to {len(snaps)}")
+        rebuilt = None
+        if full:
+            try:
+                rebuilt = await replay(store, config, session.id, snaps[index])
+            except ValueError as exc:
+                raise _fail(str(exc)) from None
+        return index + 1, len(snaps), snaps[index], rebuilt
 
-    snap = _run(_with_store(config, fn))
-    if snap is None:
-        raise _fail(f"session {ref!r} has no context snapshot yet")
+    number, count, snap, rebuilt = _run(_with_store(config, fn))
     if as_json:
-        sys.stdout.write(json.dumps(snap, indent=2, ensure_ascii=False) + "\n")
+        data = {**snap, "turn": number}
+        if rebuilt is not None:
+            data["messages"], data["replay_matches"] = rebuilt.messages, rebuilt.matches
+        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         return
-    out.print(f"session {snap['session_key']}, turn {snap['turn_id']}", highlight=False)
+    out.print(f"session {snap['session_key']}, turn {number} of {count} ({snap['turn_id']})",
+              highlight=False)
     out.print(f"hash {snap['hash']}", highlight=False)
     out.print(f"tokens {snap['total_tokens']:,} of {snap['max_context_tokens']:,}",
               highlight=False)
-    table = Table("layer", "tokens")
+    notes: dict[str, list[str]] = {}
+    for cut in snap.get("bootstrap_cuts", []):
+        name, _, why = cut.partition(": ")
+        notes.setdefault(name, []).append(why)
+    for trim in snap.get("trimmed", []):
+        notes.setdefault("history", []).append(trim)
+    table = Table("layer", "tokens", "notes")
     for name, tokens in snap["layers"].items():
-        table.add_row(name, f"{tokens:,}")
+        table.add_row(name, f"{tokens:,}", "; ".join(notes.get(name, [])))
     out.print(table)
-    for key, value in snap["sources"].items():
-        out.print(f"{key}: {value}", highlight=False)
-    for note in [*snap.get("trimmed", []), *snap.get("bootstrap_cuts", [])]:
-        out.print(f"note: {note}", highlight=False)
+    out.print(", ".join(f"{k}: {v}" for k, v in snap["sources"].items()), highlight=False)
+    if rebuilt is not None:
+        state = "matches the stored hash" if rebuilt.matches else \
+            "DIFFERS from the stored hash (the workspace or config changed since)"
+        out.print(f"\nreplayed from the database: {state}", highlight=False)
+        for m in rebuilt.messages:
+            content = m.get("content")
+            if isinstance(content, list):
+                content = " ".join(p.get("text", "[image]") for p in content)
+            out.rule(f"{m['role']}")
+            out.print(content or json.dumps(m.get("tool_calls")), markup=False,
+                      highlight=False)
 
 
 def main() -> None:

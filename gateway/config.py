@@ -50,6 +50,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CompactionConfig(_Model):
+    enabled: bool = True
+    keep_recent_share: float = Field(0.3, gt=0, lt=1)
+    """Share of the history budget kept word for word after a compaction."""
+    memory_flush: bool = True
+    timeout: Duration = 60.0
+    summary_max_tokens: int = Field(800, gt=50)
+
+
 class ContextConfig(_Model):
     max_context_tokens: int | None = Field(
         None, gt=0, description="None: the model's window from litellm, else 32,000")
@@ -58,6 +67,7 @@ class ContextConfig(_Model):
     reply_reserve_tokens: int = Field(4096, ge=0)
     bootstrap_max_chars: int = Field(20_000, gt=100)
     bootstrap_total_max_chars: int = Field(150_000, gt=100)
+    compaction: CompactionConfig = CompactionConfig()
 
 
 class ExecToolConfig(_Model):

@@ -109,6 +109,18 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(id) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS compactions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    summary TEXT NOT NULL,
+    summary_tokens INTEGER NOT NULL,
+    first_kept_id INTEGER NOT NULL,
+    tokens_before INTEGER NOT NULL,
+    messages_summarised INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
 """
 
 
@@ -130,6 +142,18 @@ class StoredMessage:
     role: str
     body: dict[str, Any]
     tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary standing in for a session's messages before ``first_kept_id``."""
+
+    id: int
+    summary: str
+    summary_tokens: int
+    first_kept_id: int
+    tokens_before: int
+    messages_summarised: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,12 +305,53 @@ class Store:
 
     # messages -----------------------------------------------------------------------------
 
-    async def recent_messages(self, session_id: int, limit: int) -> list[StoredMessage]:
-        """The newest ``limit`` messages of a session, oldest first."""
+    async def recent_messages(self, session_id: int, limit: int,
+                              from_id: int = 0) -> list[StoredMessage]:
+        """The newest ``limit`` messages of a session with ids from ``from_id``, oldest
+        first. Reads only those rows (the index is on (session_id, id))."""
         rows = await self._fetchall(
             "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
-            "ORDER BY id DESC LIMIT ?", (session_id, limit))
+            "AND id >= ? ORDER BY id DESC LIMIT ?", (session_id, from_id, limit))
         return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in reversed(rows)]
+
+    async def messages_between(self, session_id: int, first_id: int,
+                               last_id: int) -> list[StoredMessage]:
+        rows = await self._fetchall(
+            "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+            "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
+        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    # compactions --------------------------------------------------------------------------
+
+    _COMPACTION_COLS = ("id, summary, summary_tokens, first_kept_id, tokens_before, "
+                        "messages_summarised")
+
+    async def compaction(self, session_id: int, compaction_id: int | None = None
+                         ) -> Compaction | None:
+        """The latest compaction of a session (or the one with ``compaction_id``)."""
+        if compaction_id is not None:
+            row = await self._fetchone(
+                f"SELECT {self._COMPACTION_COLS} FROM compactions WHERE id = ? "
+                "AND session_id = ?", (compaction_id, session_id))
+        else:
+            row = await self._fetchone(
+                f"SELECT {self._COMPACTION_COLS} FROM compactions WHERE session_id = ? "
+                "ORDER BY id DESC LIMIT 1", (session_id,))
+        return Compaction(*row) if row else None
+
+    async def add_compaction(self, session_id: int, *, summary: str, summary_tokens: int,
+                             first_kept_id: int, tokens_before: int,
+                             messages_summarised: int) -> Compaction:
+        async with self.transaction() as db:
+            cursor = await db.execute(
+                "INSERT INTO compactions (session_id, summary, summary_tokens, first_kept_id, "
+                "tokens_before, messages_summarised, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session_id, summary, summary_tokens, first_kept_id, tokens_before,
+                 messages_summarised, _iso()))
+            new_id = cursor.lastrowid
+        assert new_id is not None
+        return Compaction(new_id, summary, summary_tokens, first_kept_id, tokens_before,
+                          messages_summarised)
 
     async def all_messages(self, session_id: int) -> AsyncIterator[StoredMessage]:
         async with self._db.execute(
@@ -415,6 +480,13 @@ class Store:
             "SELECT detail FROM context_snapshots WHERE session_id = ? "
             "ORDER BY created_at DESC, rowid DESC LIMIT 1", (session_id,))
         return json.loads(row[0]) if row else None
+
+    async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
+        """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
+        rows = await self._fetchall(
+            "SELECT detail FROM context_snapshots WHERE session_id = ? "
+            "ORDER BY created_at, rowid", (session_id,))
+        return [json.loads(r[0]) for r in rows]
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over a session's turns."""

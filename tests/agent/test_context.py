@@ -49,7 +49,21 @@ def make_config(tmp_path: Path, **context: Any) -> Config:
 def make_builder(tmp_path: Path, counter: TokenCounter, **context: Any) -> ContextBuilder:
     config = make_config(tmp_path, **context)
     config.workspace_path.mkdir(parents=True, exist_ok=True)
-    return ContextBuilder(config, counter)
+    return ContextBuilder(config, counter, builtin_skills=None)
+
+
+def test_builtin_skills_are_listed_and_a_workspace_skill_overrides_one(
+        tmp_path: Path, counter: TokenCounter) -> None:
+    config = make_config(tmp_path)
+    builder = ContextBuilder(config, counter)
+    system = builder.system_prompt().text
+    assert "- write-skill: Create or improve a skill" in system
+    own = config.workspace_path / "skills" / "write-skill" / "SKILL.md"
+    own.parent.mkdir(parents=True)
+    own.write_text("---\nname: write-skill\ndescription: My own way.\n---\nsteps")
+    system = builder.system_prompt().text
+    assert "- write-skill: My own way. (path: skills/write-skill/SKILL.md" in system
+    assert "Create or improve" not in system
 
 
 def inbound(text: str = "hello there", **kw: Any) -> InboundMessage:
@@ -424,7 +438,9 @@ def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -
 
     first = build(builder, history)
     again = build(make_builder(tmp_path, counter), list(history))
-    assert again == first
+    # The inputs differ only in the inbound message's generated id, which the model never sees.
+    assert {**again, "inputs": None} == {**first, "inputs": None}
+    assert again["inputs"]["history_ids"] == first["inputs"]["history_ids"]
     assert len(first["hash"]) == 64
     assert first["session_key"] == "telegram:c42" and first["turn_id"] == "t1"
     assert first["sources"]["history_available"] == 6
