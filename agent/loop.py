@@ -28,7 +28,7 @@ from agent.queueing import Work, fold, next_batch
 from agent.runner import Runner, RunResult, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
-from agent.turn import TurnContext
+from agent.turn import TurnContext, TurnServices
 from channels.base import ChannelHints
 from gateway.bus import MessageBus
 from gateway.config import Config
@@ -71,13 +71,16 @@ class _Lane:
 
 class AgentLoop:
     def __init__(self, *, config: Config, bus: MessageBus, store: Store, provider: Provider,
-                 registry: ToolRegistry, hints: Callable[[str], ChannelHints]) -> None:
+                 registry: ToolRegistry, hints: Callable[[str], ChannelHints],
+                 services: Callable[[InboundMessage], TurnServices] | None = None) -> None:
+        """``services`` builds what tools may use beyond the workspace for one turn."""
         self.config = config
         self.bus = bus
         self.store = store
         self.provider = provider
         self.registry = registry
         self.hints = hints
+        self.services = services or (lambda msg: TurnServices())
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self.counter = TokenCounter(config.agent.model)
         self._context: ContextBuilder | None = None
@@ -338,7 +341,7 @@ class AgentLoop:
             chat_id=msg.chat_id, sender_id=msg.sender_id, sender_name=msg.sender_name,
             chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
             kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
-            tools=self.config.agent.tools)
+            tools=self.config.agent.tools, services=self.services(msg))
         limit = self.config.agent.context.max_recent_messages
         compaction = await self.store.compaction(session.id)
         history, more = await self._history(session.id, compaction, limit)
