@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONFIG ?= config.example.yaml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: run chat test lint install install-test clean
+.PHONY: run chat test lint bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,14 @@ chat: install
 
 test: install-test
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy gateway channels agent workspace
+
+bench: install-test
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

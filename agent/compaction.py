@@ -18,7 +18,7 @@ from agent.context import history_groups
 from agent.errors import ProviderError
 from agent.provider import Provider
 from gateway.config import CompactionConfig
-from gateway.store import Compaction, Store, StoredMessage
+from gateway.store import Compaction, Store, StoredMessage, content_text
 
 _log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ Write plain prose and short lists, at most {max_words} words. Do not address the
 FLUSH_PROMPT = """[Memory check before older messages are compacted] The oldest part of this \
 conversation is about to be replaced by a summary. If it contains lasting facts about the \
 user or decisions worth remembering beyond this conversation that are not in memory yet, save \
-them now with the memory tool. Then answer with NO_REPLY only."""
+them now with the memory tool: kind=log for details of this conversation, kind=fact only for \
+lasting facts about the user. Then answer with NO_REPLY only."""
 
 
 class CompactionFailed(Exception):
@@ -76,10 +77,7 @@ def transcript(previous: Compaction | None, old: list[StoredMessage]) -> str:
         lines.append(f"Summary of what came before:\n{previous.summary}\n")
     for m in old:
         body = m.body
-        content = body.get("content")
-        if isinstance(content, list):
-            content = " ".join(p.get("text", "[image]") for p in content)
-        text = str(content or "")
+        text = content_text(body.get("content"))
         if m.role == "tool":
             short = text if len(text) <= TOOL_CHARS else text[:TOOL_CHARS] + " […]"
             lines.append(f"Tool result ({body.get('name', 'tool')}): {short}")

@@ -35,6 +35,7 @@ from workspace.bootstrap import (
     MEMORY_FILE,
     BootstrapLoader,
 )
+from workspace.memory import MemoryStore, memory_store_for
 from workspace.skills import SkillsIndex
 
 _log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class ContextBuilder:
         self.skills = SkillsIndex([*([builtin_skills] if builtin_skills else []),
                                    self.workspace / "skills"])
         self.tz = ZoneInfo(config.agent.timezone)
+        memory = config.agent.memory
+        self.memory: MemoryStore | None = memory_store_for(
+            self.workspace, memory, timezone=config.agent.timezone) if memory.enabled else None
         self._system_cache: dict[bool, tuple[Any, SystemPrompt]] = {}
 
     # system ------------------------------------------------------------------------------
@@ -157,7 +161,14 @@ class ContextBuilder:
 
     # runtime and user ---------------------------------------------------------------------
 
-    def runtime_block(self, inbound: InboundMessage, hints: ChannelHints) -> str:
+    def recall(self, inbound: InboundMessage) -> str | None:
+        """Memory paragraphs that match the user's message, within the recall token cap."""
+        if self.memory is None or inbound.kind != "user" or not inbound.text.strip():
+            return None
+        return self.memory.recall(inbound.text, counter=self.counter)
+
+    def runtime_block(self, inbound: InboundMessage, hints: ChannelHints,
+                      recall: str | None = None) -> str:
         local = inbound.received_at.astimezone(self.tz)
         sender = inbound.sender_name or inbound.sender_id
         if inbound.sender_name:
@@ -179,6 +190,8 @@ class ContextBuilder:
             lines.append(f"Message kind: {inbound.kind}")
         lines.append("Channel hints:")
         lines.extend(f"- {line}" for line in hints.lines())
+        if recall:
+            lines.append(recall)
         return "\n".join(lines)
 
     def _media_note(self, inbound: InboundMessage) -> str:
@@ -273,10 +286,14 @@ class ContextBuilder:
 
     def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
-              turn_id: str = "", compaction: Compaction | None = None) -> BuiltContext:
-        """``history`` is what was stored after ``compaction`` (if any), oldest first."""
+              turn_id: str = "", compaction: Compaction | None = None,
+              recall: str | None | bool = True) -> BuiltContext:
+        """``history`` is what was stored after ``compaction`` (if any), oldest first.
+        ``recall``: True to search memory now; a replay passes the text the turn recalled
+        (memory may have changed since)."""
         system = self.system_prompt(heartbeat=inbound.kind == "heartbeat")
-        runtime = {"role": "user", "content": self.runtime_block(inbound, hints)}
+        recalled = self.recall(inbound) if recall is True else (recall or None)
+        runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
         summary = [self.summary_message(compaction)] if compaction else []
@@ -302,7 +319,8 @@ class ContextBuilder:
                        "user": user_tokens},
             "sources": {"history_available": len(history), "history_kept": len(kept),
                         "skills": system.skills, "compaction": compaction.id if compaction
-                        else None, "images": sum(1 for m in inbound.media if m.kind == "image")},
+                        else None, "images": sum(1 for m in inbound.media if m.kind == "image"),
+                        "memory_recalled": recalled.count("\n- [") if recalled else 0},
             "trimmed": trimmed, "bootstrap_cuts": list(system.notes),
             # What a replay needs to rebuild exactly these messages from the database.
             "inputs": {"inbound": event_to_dict(inbound),
@@ -310,7 +328,7 @@ class ContextBuilder:
                        "compaction_id": compaction.id if compaction else None,
                        "hints": {"markup": hints.markup, "max_length": hints.max_length,
                                  "etiquette": hints.etiquette},
-                       "tools_tokens": tools_tokens},
+                       "tools_tokens": tools_tokens, "recall": recalled},
         }
         return BuiltContext(messages=messages, user_message=stored,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,

@@ -28,7 +28,7 @@ from agent.queueing import Work, fold, next_batch
 from agent.runner import Runner, RunResult, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
-from agent.turn import TurnContext, TurnServices
+from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext, TurnServices
 from channels.base import ChannelHints
 from gateway.bus import MessageBus
 from gateway.config import Config
@@ -41,6 +41,7 @@ from gateway.events import (
     new_id,
     utcnow,
 )
+from gateway.heartbeat import heartbeat_ok
 from gateway.store import Compaction, Store, StoredMessage
 
 _log = logging.getLogger(__name__)
@@ -69,6 +70,19 @@ class _Lane:
     stop_requested: bool = False
 
 
+def _nowhere(msg: InboundMessage) -> bool:
+    """A scheduled turn without a target (``heartbeat.target: none``): nothing is sent."""
+    return msg.kind in ("cron", "heartbeat") and msg.deliver_to is None
+
+
+def _deliverable(msg: InboundMessage, ctx: TurnContext, text: str) -> bool:
+    """Whether a turn's final reply is sent: not when a tool already answered the chat, when
+    a heartbeat has nothing to report, or when the turn has nowhere to send it."""
+    if ctx.services.state.get(ANSWERED_CURRENT_CHAT) or _nowhere(msg):
+        return False
+    return not (msg.kind == "heartbeat" and heartbeat_ok(text))
+
+
 class AgentLoop:
     def __init__(self, *, config: Config, bus: MessageBus, store: Store, provider: Provider,
                  registry: ToolRegistry, hints: Callable[[str], ChannelHints],
@@ -93,7 +107,7 @@ class AgentLoop:
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatcher: asyncio.Task[None] | None = None
-        self._tools_tokens: int | None = None
+        self._tools_tokens: tuple[list[dict[str, Any]], int] | None = None
         self.turns_done = 0
         self.recent_errors: list[str] = []
 
@@ -114,10 +128,11 @@ class AgentLoop:
 
     async def recover(self, channels: list[str]) -> int:
         """Answer what the last run stored but did not answer (a stop or a crash), for the
-        channels this process runs (``parley chat`` must not take the gateway's)."""
+        channels this process runs (``parley chat`` must not take the gateway's). Called
+        before the channels start, so these go ahead of anything new."""
         pending = await self.store.inbox_pending(channels)
         for msg in pending:
-            await self.bus.requeue_inbound(msg)
+            self.submit(msg)
         if pending:
             _log.info("answering %d message(s) received before the last stop", len(pending))
         return len(pending)
@@ -143,6 +158,10 @@ class AgentLoop:
     @property
     def busy_sessions(self) -> int:
         return len(self._lanes)
+
+    def is_busy(self, session_key: str) -> bool:
+        """A turn of this session is running or waiting (the heartbeat skips a busy chat)."""
+        return session_key in self._lanes
 
     @property
     def queued(self) -> int:
@@ -206,7 +225,8 @@ class AgentLoop:
 
         def take() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
-            while lane.waiting and not lane.waiting[0].msg.is_command:
+            while lane.waiting and not lane.waiting[0].msg.is_command and \
+                not lane.waiting[0].msg.metadata.get(CONTEXT_ONLY):
                 arrived = lane.waiting.pop(0)
                 work.sources.extend(arrived.sources)
                 body = self.context.stored_user_message(arrived.msg)
@@ -289,7 +309,8 @@ class AgentLoop:
     def _build(self, msg: InboundMessage, ctx: TurnContext, history: list[StoredMessage],
                compaction: Compaction | None) -> BuiltContext:
         return self.context.build(
-            inbound=msg, history=history, hints=self.hints(msg.channel),
+            inbound=msg, history=history,
+            hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
             tools_tokens=self._schema_tokens(), session_key=msg.session_key,
             turn_id=ctx.turn_id, compaction=compaction)
 
@@ -341,7 +362,8 @@ class AgentLoop:
             chat_id=msg.chat_id, sender_id=msg.sender_id, sender_name=msg.sender_name,
             chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
             kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
-            tools=self.config.agent.tools, services=self.services(msg))
+            tools=self.config.agent.tools, services=self.services(msg),
+            deliver_to=msg.deliver_to)
         limit = self.config.agent.context.max_recent_messages
         compaction = await self.store.compaction(session.id)
         history, more = await self._history(session.id, compaction, limit)
@@ -361,6 +383,8 @@ class AgentLoop:
                 built = self._build(msg, ctx, history, compaction)
 
         async def progress(text: str) -> None:
+            if _nowhere(msg):
+                return
             await self.bus.publish_outbound(self._outbound(msg, text, "progress", ctx.turn_id,
                                                            key=new_id()))
 
@@ -390,18 +414,23 @@ class AgentLoop:
                 ProviderContextTooLarge(str(exc)).user_message
             reply = self._outbound(msg, text, "error", ctx.turn_id)
             await self.recorder.finish(record, result, status="error", error=str(exc),
-                                       outbound=[(reply, self.bus.expires_at(reply))])
-            await self.bus.publish_outbound(reply, stored=True)
+                                       outbound=[] if _nowhere(msg) else
+                                       [(reply, self.bus.expires_at(reply))])
+            if not _nowhere(msg):
+                await self.bus.publish_outbound(reply, stored=True)
             return
         except asyncio.CancelledError:
             if lane is not None and lane.stop_requested:  # /stop: keep what was done
                 await asyncio.shield(self.recorder.finish(record, result, status="stopped"))
             raise  # shutdown: nothing stored, the message is answered after the next start
         reply = self._outbound(msg, result.text, "reply", ctx.turn_id)
+        deliver = _deliverable(msg, ctx, result.text)
         await self.recorder.finish(record, result, status=result.stop_reason,
-                                   outbound=[(reply, self.bus.expires_at(reply))])
+                                   outbound=[(reply, self.bus.expires_at(reply))] if deliver
+                                   else [])
         self.turns_done += 1
-        await self.bus.publish_outbound(reply, stored=True)
+        if deliver:
+            await self.bus.publish_outbound(reply, stored=True)
 
     def _budget(self, built: BuiltContext) -> TurnBudget:
         limit = self.context.max_context_tokens - self.config.agent.context.reply_reserve_tokens
@@ -439,9 +468,10 @@ class AgentLoop:
     # replies ------------------------------------------------------------------------------
 
     def _schema_tokens(self) -> int:
-        if self._tools_tokens is None:
-            self._tools_tokens = self.counter.count_tools(self.registry.schemas())
-        return self._tools_tokens
+        schemas = self.registry.schemas()  # a new list only when tools come or go (MCP)
+        if self._tools_tokens is None or self._tools_tokens[0] is not schemas:
+            self._tools_tokens = (schemas, self.counter.count_tools(schemas))
+        return self._tools_tokens[1]
 
     def _note_error(self, text: str) -> None:
         self.recent_errors = [*self.recent_errors[-9:], f"{utcnow():%H:%M:%S} {text}"]
@@ -450,6 +480,8 @@ class AgentLoop:
                   turn_id: str | None = None, key: str | None = None) -> OutboundMessage:
         system = msg.deliver_to is not None
         channel, chat_id = msg.deliver_to or (msg.channel, msg.chat_id)
+        if kind == "reply" and msg.kind in ("cron", "heartbeat"):
+            kind = msg.kind  # a scheduled answer is marked as such for the channel
         return OutboundMessage(
             channel=channel, chat_id=chat_id, text=text, kind=kind,
             reply_to=None if system else msg.message_id,
@@ -461,5 +493,8 @@ class AgentLoop:
         """A reply that is not a model turn (commands, errors): stored with its inbox
         entries marked answered, in one transaction, then sent."""
         reply = self._outbound(msg, text, kind)
+        if _nowhere(msg):
+            await self.store.finish_inbound(sources, [])
+            return
         await self.store.finish_inbound(sources, [(reply, self.bus.expires_at(reply))])
         await self.bus.publish_outbound(reply, stored=True)

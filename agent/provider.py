@@ -123,7 +123,15 @@ class Provider:
         from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
         from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
-        await GLOBAL_LOGGING_WORKER.stop()
+        worker = GLOBAL_LOGGING_WORKER
+        task = getattr(worker, "_worker_task", None)
+        if task is not None and task.get_loop() is not asyncio.get_running_loop():
+            # Started in an event loop that is gone (an earlier gateway in this process):
+            # there is nothing left to stop, and stopping would touch the dead loop.
+            worker._worker_task = None
+            worker._running_tasks.clear()
+        else:
+            await worker.stop()
         await close_litellm_async_clients()
         cache = getattr(_litellm, "in_memory_llm_clients_cache", None)
         if cache is not None and hasattr(cache, "flush_cache"):

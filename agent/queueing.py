@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field, replace
 
-from gateway.events import InboundMessage
+from gateway.events import CONTEXT_ONLY, InboundMessage
 
 SENDERS_INLINE = "senders_inline"
 """Metadata flag: the text already names each sender (merged group messages)."""
@@ -78,12 +78,17 @@ def next_batch(waiting: list[Work], mode: str) -> tuple[Work, int]:
     """The next turn from the front of the queue and how many queued items it takes.
 
     ``followup`` takes one; ``collect`` and ``steer`` take every waiting message up to the
-    next command, so a command never merges into a conversation turn.
+    next command or context-only message, which are always handled on their own.
     """
     first = waiting[0]
-    if mode == "followup" or first.msg.is_command:
+    if mode == "followup" or _alone(first):
         return first, 1
     count = 1
-    while count < len(waiting) and not waiting[count].msg.is_command:
+    while count < len(waiting) and not _alone(waiting[count]):
         count += 1
     return merge(waiting[:count]), count
+
+
+def _alone(work: Work) -> bool:
+    """Commands and context-only messages (group chatter kept as history) are never merged."""
+    return work.msg.is_command or bool(work.msg.metadata.get(CONTEXT_ONLY))

@@ -10,14 +10,35 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.config import ToolsConfig
 from gateway.events import ChatType, InboundKind, new_id
 
 if TYPE_CHECKING:
+    from agent.subagent import Spawner
     from channels.base import Delivery
+    from gateway.cron import CronJob, NewJob
     from gateway.events import OutboundMessage
+
+ANSWERED_CURRENT_CHAT = "answered_current_chat"
+"""``TurnServices.state`` key: a tool already sent this turn's answer to its chat, so the loop
+stores the final reply without sending it again."""
+
+
+class CronService(Protocol):
+    """The scheduled jobs a tool may manage (``gateway.cron.CronJobs``)."""
+
+    timezone: str
+    """Where naive times are read: ``cron.timezone``, else ``agent.timezone``."""
+
+    async def add(self, new: NewJob) -> CronJob: ...
+
+    async def jobs(self, *, channel: str | None = None, chat_id: str | None = None,
+                   with_last: bool = True) -> list[CronJob]: ...
+
+    async def remove(self, job_id: str, *, channel: str | None = None,
+                     chat_id: str | None = None) -> bool: ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -32,6 +53,10 @@ class TurnServices:
     """Deliver a message now through the outbox and return the real delivery result."""
     state: dict[str, Any] = field(default_factory=dict)
     """Per-turn notes tools leave for the loop (e.g. that the current chat was answered)."""
+    cron: CronService | None = None
+    """Scheduled jobs; None where the gateway runs no scheduler (``parley chat``)."""
+    spawn: Spawner | None = None
+    """Runs a task in a subagent (``agent/subagent.py``); None where spawning is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,5 +74,17 @@ class TurnContext:
     thread_id: str | None = None
     message_id: str | None = None
     kind: InboundKind = "user"
+    deliver_to: tuple[str, str] | None = None
+    """A system turn's (cron, heartbeat) target chat; None for a user's own chat."""
     turn_id: str = field(default_factory=new_id)
     services: TurnServices = field(default_factory=TurnServices)
+
+    @property
+    def reply_target(self) -> tuple[str, str] | None:
+        """The chat this turn answers: the one it came from, or a system turn's target
+        (None: a system turn with nowhere to deliver, e.g. ``heartbeat.target: none``)."""
+        if self.deliver_to is not None:
+            return self.deliver_to
+        if self.kind in ("cron", "heartbeat"):
+            return None
+        return (self.channel, self.chat_id)

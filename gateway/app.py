@@ -1,8 +1,9 @@
 """Gateway: builds every part from the config, starts them in order, stops them in reverse.
 
 Stop order: intake closes (channels answer "shutting down") → queued inbound messages are
-dispatched → running turns finish within the grace period or are cancelled → outbound
-messages are flushed → channels stop → the database closes last. ``stop()`` is idempotent.
+dispatched → running turns finish within the grace period or are cancelled → cron and
+heartbeat stop → outbound messages are flushed → channels stop → the database closes last.
+``stop()`` is idempotent.
 """
 
 from __future__ import annotations
@@ -12,17 +13,26 @@ import importlib
 import logging
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.loop import AgentLoop
 from agent.provider import Provider, warm_up
+from agent.subagent import SubagentManager
 from agent.tools import build_registry
+from agent.turn import TurnServices
 from channels.base import Channel, ChannelDeps
 from gateway.bus import MessageBus
+from gateway.clock import Clock, SystemClock
 from gateway.config import Config
+from gateway.cron import CRON_CHANNEL, CronJobs, CronScheduler
 from gateway.delivery import ChannelManager
+from gateway.events import InboundMessage
+from gateway.heartbeat import HEARTBEAT_CHANNEL, Heartbeat
 from gateway.store import Store
 from workspace.bootstrap import seed_workspace
+
+if TYPE_CHECKING:
+    from agent.mcp import MCPManager
 
 _log = logging.getLogger(__name__)
 
@@ -32,9 +42,11 @@ CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
 
 class Gateway:
     def __init__(self, config: Config, *, configured_channels: bool = True,
-                 channels: list[Channel] | None = None, grace: float | None = None) -> None:
+                 channels: list[Channel] | None = None, grace: float | None = None,
+                 clock: Clock | None = None) -> None:
         """``configured_channels=False`` starts none of the config's channels (``parley chat``
-        must not poll a bot a running gateway already polls); ``channels`` adds adapters."""
+        must not poll a bot a running gateway already polls), nor cron and heartbeat;
+        ``channels`` adds adapters; ``clock`` is what schedules run on (tests move it)."""
         self.config = config
         self.grace = config.agent.shutdown_grace if grace is None else grace
         self._configured = configured_channels
@@ -50,6 +62,11 @@ class Gateway:
         self._stopped = asyncio.Event()
         self._warm_up: asyncio.Task[None] | None = None
         self._dead_before = 0
+        self.clock: Clock = clock or SystemClock()
+        self.cron: CronScheduler | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.mcp: MCPManager | None = None
+        self.subagents: SubagentManager | None = None
 
     @property
     def state(self) -> str:
@@ -77,12 +94,18 @@ class Gateway:
                 self.manager.add(channel)
             self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
                                    provider=self.provider,
-                                   registry=build_registry(self.config.agent.tools),
-                                   hints=self.manager.hints)
+                                   registry=build_registry(
+                                       self.config.agent.tools, memory=self.config.agent.memory,
+                                       timezone=self.config.agent.timezone),
+                                   hints=self.manager.hints, services=self._services)
+            await self._start_agent_tools(self.store, self.agent)
+            # Unanswered messages from the last run go first, ahead of anything new.
+            system = [CRON_CHANNEL, HEARTBEAT_CHANNEL] if self._configured else []
+            await self.agent.recover([*self.manager.channels, *system])
             await self.manager.start_channels()
             await self.manager.start(self.store)
             await self.agent.start()
-            await self.agent.recover(list(self.manager.channels))
+            await self._start_schedules(self.store, self.agent)
             # litellm takes seconds to import: load it while the gateway is already serving.
             self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up), name="llm-warm-up")
         except BaseException:
@@ -93,6 +116,44 @@ class Gateway:
         _log.info("gateway running: model %s, channels %s, workspace %s",
                   self.config.agent.model, ", ".join(self.manager.channels) or "none",
                   self.config.workspace_path)
+
+    async def _start_schedules(self, store: Store, agent: AgentLoop) -> None:
+        """Cron and heartbeat run in the gateway only (``parley chat`` would double them)."""
+        if not self._configured:
+            return
+        config = self.config
+        if config.cron.enabled:
+            jobs = CronJobs(store, clock=self.clock, timezone=config.cron_timezone,
+                            min_interval=config.cron.min_interval)
+            self.cron = CronScheduler(jobs, self.bus, clock=self.clock,
+                                      grace=config.cron.missed_grace,
+                                      poll_interval=config.cron.poll_interval)
+            await self.cron.start()
+        if config.heartbeat.enabled:
+            self.heartbeat = Heartbeat(config.heartbeat, self.bus,
+                                       workspace=config.workspace_path,
+                                       timezone=config.cron_timezone, clock=self.clock,
+                                       busy=agent.is_busy)
+            await self.heartbeat.start()
+
+    async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:
+        """MCP servers (their tools join the registry as they connect) and subagents."""
+        if any(s.enabled for s in self.config.agent.mcp.servers):
+            from agent.mcp import MCPManager
+
+            self.mcp = MCPManager(self.config.agent.mcp, log_dir=self.config.data_path / "mcp")
+            await self.mcp.start()
+            self.mcp.attach(agent.registry)
+        if self.config.agent.tools.spawn.enabled:
+            self.subagents = SubagentManager(config=self.config, provider=self.provider,
+                                             registry=agent.registry, bus=self.bus, store=store)
+
+    def _services(self, msg: InboundMessage) -> TurnServices:
+        """What one turn's tools may use: delivery now (message tool), the jobs (cron) and
+        subagents (spawn)."""
+        return TurnServices(send=self.manager.deliver_now,
+                            cron=self.cron.jobs if self.cron is not None else None,
+                            spawn=self.subagents.spawn if self.subagents is not None else None)
 
     def _configured_channel_list(self) -> list[Channel]:
         """One adapter per enabled ``channels.<name>`` section, built by ``channels.<name>``."""
@@ -127,11 +188,21 @@ class Gateway:
         self.bus.close()
         if self.agent is not None:
             await self.agent.stop(self.grace)
+        if self.subagents is not None:  # background ones; their results are not delivered
+            await self.subagents.stop()
+        if self.mcp is not None:  # after the turns: a stdio server's process ends here
+            await self.mcp.stop()
+        for schedule in (self.heartbeat, self.cron):
+            if schedule is not None:
+                await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))
         await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
-        await self.provider.aclose()
+        try:
+            await self.provider.aclose()
+        except Exception:  # never let this keep the database open
+            _log.exception("closing the model client failed")
         if self.store is not None:
             await self.store.close()
 
@@ -176,6 +247,7 @@ class Gateway:
             "outbox_pending": self.manager.pending(),
             "dead_letters": self._dead_before + self.manager.failed,
             "recent_errors": agent.recent_errors if agent else [],
+            "mcp": self.mcp.status() if self.mcp is not None else {},
         }
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:

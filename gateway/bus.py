@@ -78,10 +78,6 @@ class MessageBus:
         await self._inbound.put(msg)
         return True
 
-    async def requeue_inbound(self, msg: InboundMessage) -> None:
-        """Queue a message already in the inbox (recovered after a restart)."""
-        await self._inbound.put(msg)
-
     async def consume_inbound(self) -> InboundMessage:
         return await self._inbound.get()
 

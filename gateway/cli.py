@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gateway.cli_cron import cron_app
+from gateway.cli_pairing import pairing_app
 from gateway.config import Config, ConfigError, load_config
 
 app = typer.Typer(help="Parley: one AI agent on your chat channels.", no_args_is_help=True,
@@ -25,6 +27,8 @@ context_app = typer.Typer(help="What the model saw.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(sessions_app, name="sessions")
 app.add_typer(context_app, name="context")
+app.add_typer(pairing_app, name="pairing")
+app.add_typer(cron_app, name="cron")
 
 out = Console()
 err = Console(stderr=True)
@@ -57,7 +61,7 @@ def _setup_logging(config: Config, *, quiet: bool = False) -> None:
         handlers.append(logging.FileHandler(path, encoding="utf-8"))
     logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    for noisy in ("aiohttp.access", "httpx", "LiteLLM", "aiosqlite"):
+    for noisy in ("aiohttp.access", "httpx", "LiteLLM", "aiosqlite", "markdown_it"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
@@ -240,6 +244,12 @@ def status(config_path: ConfigOpt = None) -> None:
                           _short_time(ch.get("last_send_ok")), str(ch.get("outbox_pending", 0)),
                           str(ch.get("dead_letters", 0)))
         out.print(table)
+        for i, (name, mcp) in enumerate((health.get("mcp") or {}).items()):
+            tools = mcp.get("tools") or []
+            line = (f"{'mcp:' if i == 0 else '':<10}{name} ({mcp.get('transport')}): "
+                    f"{mcp.get('state')}" + (f" ({mcp['error']})" if mcp.get("error") else "")
+                    + f"; {len(tools)} tool(s)" + (f": {', '.join(tools)}" if tools else ""))
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
         errors = [*health.get("recent_errors", []),
                   *(f"{name}: {e}" for name, ch in (health.get("channels") or {}).items()
                     for e in ch.get("recent_errors", []))]
@@ -281,14 +291,14 @@ def _session_dump(config: Config, ref: str) -> tuple[Any, list[Any]]:
 def sessions_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                   config_path: ConfigOpt = None) -> None:
     """Print a session's messages."""
+    from gateway.store import content_text
+
     config = _load(config_path)
     session, messages = _session_dump(config, ref)
     out.print(f"[bold]{session.key}[/bold] (#{session.id}, {len(messages)} messages)")
     for m in messages:
         body = m.body
-        text = body.get("content")
-        if isinstance(text, list):
-            text = " ".join(p.get("text", "[image]") for p in text)
+        text = content_text(body.get("content"))
         calls = body.get("tool_calls") or []
         line = text or ", ".join(f"{c['function']['name']}({c['function']['arguments']})"
                                  for c in calls)
@@ -317,6 +327,7 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Explain what the model saw in a turn (default: the last one)."""
     from agent.replay import replay
+    from gateway.store import content_text
 
     config = _load(config_path)
 
@@ -366,9 +377,7 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
             "DIFFERS from the stored hash (the workspace or config changed since)"
         out.print(f"\nreplayed from the database: {state}", highlight=False)
         for m in rebuilt.messages:
-            content = m.get("content")
-            if isinstance(content, list):
-                content = " ".join(p.get("text", "[image]") for p in content)
+            content = content_text(m.get("content"))
             out.rule(f"{m['role']}")
             out.print(content or json.dumps(m.get("tool_calls")), markup=False,
                       highlight=False)

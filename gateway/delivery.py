@@ -232,6 +232,50 @@ class ChannelManager:
                          channel.name, job.msg.chat_id, error, job.attempts, delay)
             await asyncio.sleep(delay)
 
+    async def deliver_now(self, msg: OutboundMessage, *, attempts: int = 3,
+                          within: float = 15.0) -> Delivery:
+        """Send ``msg`` at once and return what happened, for a caller that must report it
+        (the message tool). Stored in the outbox first; a few quick tries within ``within``
+        seconds, then dead-lettered, so it is never sent later behind the caller's back."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        if self.store is not None:
+            await self.store.outbox_add(msg, self.bus.expires_at(msg))
+        job = _Job(msg)
+        channel = self.channels.get(msg.channel)
+        if channel is None:
+            delivery = Delivery(ok=False, error=f"no channel {msg.channel!r} is running",
+                                permanent=True)
+        while channel is not None:
+            job.attempts += 1
+            try:
+                delivery = await asyncio.wait_for(channel.send(msg), deadline - loop.time())
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                delivery = Delivery(ok=False, error=f"no answer from {channel.name} within "
+                                                    f"{within:g}s")
+            except Exception as exc:
+                _log.exception("channel %s raised while sending", channel.name)
+                delivery = Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")
+            stats = self.stats[channel.name]
+            if delivery.ok:
+                stats.sent += 1
+                stats.last_send_ok = utcnow()
+                if self.store is not None:
+                    await self.store.outbox_result(msg.idempotency_key, delivered=True,
+                                                   attempts=job.attempts)
+                return delivery
+            stats.failed_tries += 1
+            stats.recent_errors.append(f"{utcnow():%H:%M:%S} {msg.chat_id}: {delivery.error}")
+            delay = self._backoff(job.attempts, delivery.retry_after)
+            if delivery.permanent or job.attempts >= attempts or \
+                    loop.time() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+        await self._dead(job, delivery.error or "failed")
+        return delivery
+
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return max(0.0, retry_after)

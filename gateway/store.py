@@ -175,6 +175,13 @@ def _iso(ts: datetime | None = None) -> str:
     return (ts or utcnow()).isoformat()
 
 
+def content_text(content: Any) -> str:
+    """A message's content as plain text: text parts joined, images as ``[image]``."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "[image]")) for p in content)
+    return str(content or "")
+
+
 def _json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from agent.tools.base import Tool, ToolError, ToolRegistry, ToolRetry, tool
-from gateway.config import ToolsConfig
+from gateway.config import MemoryConfig, ToolsConfig
 
 __all__ = ["Tool", "ToolError", "ToolRegistry", "ToolRetry", "build_registry", "tool"]
 
 
-def build_registry(config: ToolsConfig) -> ToolRegistry:
-    """The tools the model is offered: only the enabled groups."""
+def build_registry(config: ToolsConfig, *, memory: MemoryConfig | None = None,
+                   timezone: str = "UTC") -> ToolRegistry:
+    """The tools the model is offered: only the enabled groups. ``memory`` is
+    ``agent.memory`` (with ``agent.timezone`` for the daily logs' dates); None: no memory tool."""
     tools: list[Tool] = []
     if config.files.enabled:
         from agent.tools.files import FILE_TOOLS
@@ -19,4 +21,28 @@ def build_registry(config: ToolsConfig) -> ToolRegistry:
         from agent.tools.shell import SHELL_TOOLS
 
         tools += SHELL_TOOLS
+    if config.message.enabled:
+        from agent.tools.message import MESSAGE_TOOLS
+
+        tools += MESSAGE_TOOLS
+    if config.cron.enabled:
+        from agent.tools.cron import CRON_TOOLS
+
+        tools += CRON_TOOLS
+    if config.web.enabled:
+        from agent.tools.web import WEB_FETCH_TOOLS
+
+        tools += WEB_FETCH_TOOLS
+    if config.web.search.provider != "none":  # without a provider it could only fail
+        from agent.tools.web import WEB_SEARCH_TOOLS
+
+        tools += WEB_SEARCH_TOOLS
+    if config.spawn.enabled:
+        from agent.tools.spawn import SPAWN_TOOLS
+
+        tools += SPAWN_TOOLS
+    if memory is not None and memory.enabled:
+        from agent.tools.memory import memory_tool
+
+        tools.append(memory_tool(memory, timezone=timezone))
     return ToolRegistry(tools)

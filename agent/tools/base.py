@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
-from pydantic import Field, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from agent.turn import TurnContext
 
@@ -71,7 +71,8 @@ class Tool:
             default = ... if param.default is inspect.Parameter.empty else param.default
 
             fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
-        self.args_model = create_model(f"{self.name}_args", **fields)  # type: ignore[call-overload]
+        self.args_model = create_model(  # type: ignore[call-overload]
+            f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields)
         schema = self.args_model.model_json_schema()
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
@@ -114,6 +115,11 @@ class ToolRegistry:
             raise ValueError(f"tool {t.name} registered twice")
         self._tools[t.name] = t
         self._schemas = None
+
+    def unregister(self, name: str) -> None:
+        """Drop a tool (an MCP server's tool list changed); unknown names are ignored."""
+        if self._tools.pop(name, None) is not None:
+            self._schemas = None
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

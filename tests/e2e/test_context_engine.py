@@ -26,6 +26,11 @@ def is_summary_call(body: dict[str, Any]) -> bool:
     return first["role"] == "system" and str(first["content"]).startswith(SUMMARY_HEAD)
 
 
+def is_flush_call(body: dict[str, Any]) -> bool:
+    last = body["messages"][-1]
+    return last["role"] == "user" and str(last["content"]).startswith("[Memory check")
+
+
 def chat_model(llm: ScriptedLLM) -> list[dict[str, Any]]:
     """Answer summaries with 'SUMMARY n' and turns with 'reply n'; returns the summary calls."""
     summaries: list[dict[str, Any]] = []
@@ -35,6 +40,8 @@ def chat_model(llm: ScriptedLLM) -> list[dict[str, Any]]:
         if is_summary_call(body):
             summaries.append(body)
             return f"SUMMARY {len(summaries)}: the user counted numbers."
+        if is_flush_call(body):
+            return "NO_REPLY"
         return f"reply {next(turns)}"
 
     llm.respond_with(respond)
@@ -102,7 +109,8 @@ async def test_failed_summary_keeps_history_and_says_so(make_config: MakeConfig,
         return f"reply {next(turns)}"
 
     llm.respond_with(respond)
-    config = make_config(agent={"context": {"max_recent_messages": 4}})
+    config = make_config(agent={"context": {"max_recent_messages": 4,
+                                            "compaction": {"memory_flush": False}}})
     async with Gateway(config) as gw:
         await talk(gw, ["one", "two", "three"])
         await gw.local.inject("c1", "four")  # 6 stored messages > 4: due for compaction
@@ -125,7 +133,9 @@ async def test_context_overflow_compacts_and_retries_once(make_config: MakeConfi
     llm.reply("reply 1").reply("reply 2")
     overflow = ("This model's maximum context length is 4096 tokens. However, your messages "
                 "resulted in 5000 tokens.")
-    async with Gateway(make_config(agent={"max_retries": 0})) as gw:
+    config = make_config(agent={"max_retries": 0, "context": {"compaction": {
+        "memory_flush": False}}})
+    async with Gateway(config) as gw:
         await talk(gw, ["one", "two"])
         llm.error(400, overflow).reply("SUMMARY: one and two").reply("after compaction")
         assert await gw.local.ask("c1", "three", timeout=10) == "after compaction"
@@ -143,7 +153,8 @@ async def test_replay_rebuilds_the_same_context(make_config: MakeConfig,
         assert gw.store is not None
         session = await gw.store.active_session("local:c1")
         snaps = await gw.store.snapshots(session.id)
-        turn_requests = [r for r in llm.requests if not is_summary_call(r)]
+        turn_requests = [r for r in llm.requests
+                         if not is_summary_call(r) and not is_flush_call(r)]
         assert len(snaps) == len(turn_requests) == 6
         for snap, sent in zip(snaps, turn_requests, strict=True):
             rebuilt = await replay(gw.store, config, session.id, snap)
@@ -199,3 +210,61 @@ async def test_system_prompt_is_stable_and_bootstrap_cuts_are_visible(
         session = await gw.store.active_session("local:c1")
         snap = await gw.store.latest_snapshot(session.id)
         assert snap is not None and snap["bootstrap_cuts"][0].startswith("USER.md: cut from")
+
+
+async def test_memory_recall_goes_into_the_runtime_block(make_config: MakeConfig,
+                                                         llm: ScriptedLLM) -> None:
+    llm.echo()
+    config = make_config()
+    async with Gateway(config) as gw:
+        logs = config.workspace_path / "memory"
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "2026-11-20.md").write_text(
+            "# 2026-11-20\n\n[09:10] The dentist appointment is on Friday at 15:00.\n\n"
+            "[11:00] Ordered a new bicycle tyre.\n")
+        await gw.local.ask("c1", "when is my dentist appointment?", timeout=10)
+        runtime = llm.last_request["messages"][-2]["content"]
+        assert "Memory recall (may be relevant):" in runtime
+        assert "dentist appointment is on Friday" in runtime and "bicycle" not in runtime
+        await gw.local.ask("c1", "hello", timeout=10)
+        assert "Memory recall" not in llm.last_request["messages"][-2]["content"]
+        assert gw.store is not None
+        session = await gw.store.active_session("local:c1")
+        snaps = await gw.store.snapshots(session.id)
+        assert snaps[0]["sources"]["memory_recalled"] == 1
+        (logs / "2026-11-20.md").write_text("forgotten")  # memory changed since: replay holds
+        assert (await replay(gw.store, config, session.id, snaps[0])).matches
+
+
+async def test_memory_flush_before_compaction_is_silent(make_config: MakeConfig,
+                                                        llm: ScriptedLLM) -> None:
+    turns = itertools.count(1)
+    flushes: list[dict[str, Any]] = []
+
+    def respond(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if is_summary_call(body):
+            return "SUMMARY: the user has a cat."
+        if last["role"] == "user" and "[Memory check" in str(last["content"]):
+            flushes.append(body)
+            return {"tool_calls": [{"id": "call_m1", "type": "function", "function": {
+                "name": "memory",
+                "arguments": {"action": "remember", "text": "The user's cat is Miso.",
+                              "kind": "fact"}}}]}
+        if last["role"] == "tool":
+            return "NO_REPLY"
+        return f"reply {next(turns)}"
+
+    llm.respond_with(respond)
+    config = make_config(agent={"context": {"max_recent_messages": 4}})
+    async with Gateway(config) as gw:
+        await talk(gw, ["my cat is Miso", "she is grey", "she is 3"])
+        assert flushes == []
+        assert await gw.local.ask("c1", "tell me about her", timeout=10) == "reply 4"
+        assert len(flushes) == 1
+        assert "The user's cat is Miso." in (config.workspace_path / "MEMORY.md").read_text()
+        found, _ = await gw.local.wait_messages("c1", timeout=1)
+        assert [r["text"] for r in found] == ["reply 1", "reply 2", "reply 3", "reply 4"]
+        assert gw.store is not None
+        session = await gw.store.active_session("local:c1")
+        assert session.message_count == 8  # nothing of the flush turn is in the conversation

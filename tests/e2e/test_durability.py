@@ -168,6 +168,7 @@ async def test_undelivered_replies_are_resent_after_restart_and_delivered_ones_n
     second = ScriptedChannel()
     async with Gateway(config, channels=[second]) as gw2:
         await second.wait_sent(1)
+        assert await gw2.manager.flush(5)
         assert [(m.chat_id, m.text) for m in second.sent] == [("b", "stuck")]
         assert gw2.store is not None
         assert (await gw2.store.outbox_counts())["pending"] == 0

@@ -80,7 +80,8 @@ async def test_hello_round_trip_and_what_the_model_saw(client: Client, llm: Scri
         assert line in runtime
     assert messages[2] == {"role": "user", "content": "hello"}
     assert {t["function"]["name"] for t in llm.last_request["tools"]} == {
-        "read_file", "write_file", "edit_file", "list_dir", "exec"}
+        "read_file", "write_file", "edit_file", "list_dir", "exec", "message", "cron",
+        "web_fetch", "spawn", "memory"}
 
 
 async def test_second_turn_carries_history_and_system_stays_identical(

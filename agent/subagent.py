@@ -1,0 +1,175 @@
+"""Subagents: the agent hands a self-contained task to a helper with a fresh context.
+
+A subagent runs the same tool loop in its own session (``subagent:<parent session>:<id>``,
+stored like any other, so ``parley sessions show`` explains it) with a minimal system prompt
+and the parent's tools less the ones that reach out on their own (message, cron, spawn): it
+cannot talk to people, schedule jobs or spawn further subagents. Iterations, run time and the
+number running at once are bounded by ``agent.tools.spawn``.
+
+In the foreground the result is the spawn tool's result, inside the parent's turn. In the
+background the tool returns at once and the result comes back later as an inbound system
+message (``kind="subagent"``) in the parent's session, routed by the turn context: the main
+agent then takes it up in a turn of its own and tells the chat it came from. That keeps the
+result in the conversation's history, and the durable inbox keeps it across a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Protocol
+
+from agent.budget import TokenCounter
+from agent.errors import ProviderError
+from agent.provider import Provider
+from agent.runner import Runner, RunResult
+from agent.sessions import SessionRecorder, TurnRecord
+from agent.tools.base import ToolError, ToolRegistry
+from agent.turn import TurnContext, TurnServices
+from gateway.bus import BusClosed, MessageBus
+from gateway.config import Config
+from gateway.events import InboundMessage, new_id, utcnow
+from gateway.store import Store
+
+_log = logging.getLogger(__name__)
+
+EXCLUDED_GROUPS = frozenset({"message", "cron", "spawn"})
+"""Tool groups a subagent never gets: no messages to people, no jobs, no further subagents."""
+EXCLUDED_NAMES = frozenset({"message", "send_message", "cron", "spawn"})
+RESULT_TAG = "[Subagent result — from a background task you started, not from the user]"
+
+SYSTEM_PROMPT = """\
+# Subagent
+You are a subagent. The main agent handed you the task in the next message; you do not see \
+its conversation and nobody reads your messages but the main agent. Work on the task with \
+your tools, then end with one complete, concise answer: what you found or did, with the \
+details the main agent needs (paths, numbers, sources). Say plainly what you could not do.
+Workspace: {workspace}
+Current time: {now}"""
+
+
+class Spawner(Protocol):
+    """What ``TurnServices.spawn`` holds: run ``task`` in a subagent for the turn ``ctx``."""
+
+    async def __call__(self, ctx: TurnContext, task: str, *, background: bool) -> str: ...
+
+
+def subagent_registry(parent: ToolRegistry) -> ToolRegistry:
+    """The parent's tools (MCP ones too) less those a subagent must not have."""
+    tools = (parent.get(name) for name in parent.names)
+    return ToolRegistry(t for t in tools if t is not None and t.group not in EXCLUDED_GROUPS
+                        and t.name not in EXCLUDED_NAMES)
+
+
+class SubagentManager:
+    """Runs subagents for the gateway; ``spawn`` is the ``Spawner`` turns get."""
+
+    def __init__(self, *, config: Config, provider: Provider, registry: ToolRegistry,
+                 bus: MessageBus | None = None, store: Store | None = None) -> None:
+        self.config = config
+        self.settings = config.agent.tools.spawn
+        self.provider = provider
+        self.registry = registry
+        self.bus = bus
+        self.store = store
+        self.recorder = SessionRecorder(store, TokenCounter(config.agent.model)) \
+            if store is not None else None
+        self.running = 0
+        self.finished = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def spawn(self, ctx: TurnContext, task: str, *, background: bool) -> str:
+        if not task.strip():
+            raise ToolError("the task is empty; describe what the subagent should do")
+        if self.running >= self.settings.max_concurrent:
+            raise ToolError(f"{self.running} subagents are already running (the limit); wait "
+                            "for one to finish, or do the task yourself")
+        if background and ctx.reply_target is None:
+            raise ToolError("this turn has no chat to report back to; run the subagent in the "
+                            "foreground (background: false)")
+        sub_id = new_id()[:8]
+        self.running += 1
+        if not background:
+            try:
+                result = await self._run(ctx, task, sub_id)
+            finally:
+                self.running -= 1
+            return f"[subagent {sub_id}: {result.stop_reason}]\n{result.text}"
+        job = asyncio.create_task(self._background(ctx, task, sub_id), name=f"subagent:{sub_id}")
+        self._tasks.add(job)
+        job.add_done_callback(self._tasks.discard)
+        return (f"Subagent {sub_id} started in the background. Its result will arrive in this "
+                "chat as a new message; do not wait for it or poll.")
+
+    async def _background(self, ctx: TurnContext, task: str, sub_id: str) -> None:
+        try:
+            result = await self._run(ctx, task, sub_id)
+        except Exception:
+            _log.exception("subagent %s failed", sub_id)
+            return
+        finally:
+            self.running -= 1
+        if self.bus is None:
+            return
+        # Routed by the turn context, never by the model: back into the parent's session,
+        # answered to the chat the parent turn answers (a cron turn's target, say).
+        msg = InboundMessage(
+            channel=ctx.channel, chat_id=ctx.chat_id, sender_id="subagent",
+            sender_name=f"subagent {sub_id}", kind="subagent", chat_type=ctx.chat_type,
+            thread_id=ctx.thread_id, session_override=ctx.session_key,
+            deliver_to=ctx.reply_target,
+            text=f"{RESULT_TAG}\nTask: {task}\nOutcome: {result.stop_reason}\n\n{result.text}")
+        try:
+            await self.bus.publish_inbound(msg)
+        except BusClosed:
+            _log.warning("subagent %s finished while the gateway was stopping; its result "
+                         "for %s was not delivered", sub_id, ctx.session_key)
+
+    async def _run(self, ctx: TurnContext, task: str, sub_id: str) -> RunResult:
+        key = f"subagent:{ctx.session_key}:{sub_id}"
+        session_id = ctx.session_id
+        if self.store is not None:
+            session_id = (await self.store.active_session(key)).id
+        sub_ctx = dataclasses.replace(ctx, session_key=key, session_id=session_id,
+                                      kind="subagent", turn_id=new_id(),
+                                      services=TurnServices())
+        system = SYSTEM_PROMPT.format(workspace=ctx.workspace,
+                                      now=ctx.received_at.strftime("%Y-%m-%d %H:%M %Z (%A)"))
+        user = {"role": "user", "content": task}
+        runner = Runner(self.provider, subagent_registry(self.registry),
+                        max_iterations=self.settings.max_iterations,
+                        max_result_chars=self.config.agent.tools.max_result_chars)
+        started = utcnow()
+        result = RunResult(text="")
+        _log.info("subagent %s started for %s", sub_id, ctx.session_key)
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                await runner.run([{"role": "system", "content": system}, user], sub_ctx,
+                                 result=result)
+        except TimeoutError:
+            result.stop_reason = "timeout"
+            result.text = (f"The subagent stopped after {self.settings.timeout:g}s without "
+                           "finishing.")
+        except ProviderError as exc:
+            result.stop_reason = "error"
+            result.text = f"The subagent could not reach the model: {exc.user_message}"
+        self.finished += 1
+        _log.info("subagent %s finished: %s", sub_id, result.stop_reason)
+        if self.recorder is not None:
+            await self.recorder.finish(
+                TurnRecord(session_id=session_id, turn_id=sub_ctx.turn_id, inbound_id=None,
+                           started_at=started, user_message=user,
+                           user_tokens=self.recorder.counter.count_message(user), sources=[]),
+                result, status=result.stop_reason)
+        return result
+
+    async def stop(self) -> None:
+        """Cancel background subagents (their results are lost); safe to call twice."""
+        tasks = list(self._tasks)
+        for job in tasks:
+            job.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def status(self) -> dict[str, int]:
+        return {"running": self.running, "finished": self.finished}

@@ -1,0 +1,459 @@
+"""The Telegram channel: python-telegram-bot 22, driven inside the gateway's event loop.
+
+Transport. Long polling by default, with our own loop over ``getUpdates`` rather than PTB's
+``Updater``, because the offset is ours to move: it advances past an update only once
+``bus.publish_inbound`` has stored the message (or the update was deliberately skipped).
+Updates that arrived while the gateway was down are fetched on start; on stop the last offset
+is confirmed to Telegram. A watchdog rebuilds the polling client (a new ``Bot`` and HTTP pool)
+when no ``getUpdates`` has *completed* for ``watchdog`` seconds, and ``status()`` says degraded
+meanwhile: a successful send never counts as a sign of life. ``mode: webhook`` serves
+``POST`` on ``webhook_url``'s path and answers 200 only after storing (Telegram retries
+otherwise); the secret token header is required, and stopping leaves the webhook registered
+so Telegram keeps updates for the next start.
+
+Output. Markdown is chunked under 4096 UTF-16 units, each chunk rendered to Telegram HTML and
+sent; a chunk whose HTML Telegram refuses is resent as plain text. Each part sent is recorded
+(``SentParts``), so a retried message resumes after the parts already delivered and nothing is
+delivered twice, across restarts too.
+
+Translation between PTB objects and our events lives in ``telegram_convert`` (pure functions);
+who is served lives in ``telegram_access``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from telegram import Bot, BotCommand, Update, User
+from telegram.constants import ChatAction
+from telegram.error import InvalidToken, RetryAfter, TelegramError
+from telegram.request import HTTPXRequest
+
+from agent.commands import COMMAND_DESCRIPTIONS
+from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.sent_parts import SentParts
+from channels.telegram_convert import (
+    ALLOWED_UPDATES,
+    NAME,
+    SecretFilter,
+    redact,
+    retry_seconds,
+)
+from channels.telegram_inbound import Inbound
+from channels.telegram_outbound import Backoff, Outbound
+from gateway.bus import BusClosed, MessageBus
+from gateway.config import TelegramChannelConfig
+from gateway.events import ChatActivity, OutboundMessage, utcnow
+from gateway.pairing import PairingStore
+from gateway.store import Store
+
+_log = logging.getLogger(__name__)
+
+MAX_STORE_ATTEMPTS = 5
+MAX_TYPING_SECONDS = 600.0
+_LOGGERS_WITH_URLS = ("telegram", "httpx", "httpcore")
+
+
+class TelegramChannelError(Exception):
+    """The channel cannot start (the token was refused, the webhook port is taken)."""
+
+
+class _NotStored(Exception):
+    """``publish_inbound`` failed: the update stays unconfirmed and is fetched again."""
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts else None
+
+
+class TelegramChannel:
+    name = NAME
+    hints = ChannelHints(
+        markup="Markdown, shown as Telegram formatting (bold, italic, strikethrough, inline "
+               "code, code blocks with a language, links, lists, quotes; headings become bold, "
+               "tables become monospace)",
+        max_length=4096,
+        etiquette="In groups each message starts with [sender name]; answer whoever addressed "
+                  "you, briefly.")
+
+    def __init__(self, config: TelegramChannelConfig, *, bus: MessageBus, store: Store,
+                 media_dir: Path, commands: Mapping[str, str] = COMMAND_DESCRIPTIONS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` (monotonic seconds) drives the watchdog and the typing cap."""
+        if config.token is None:
+            raise TelegramChannelError("channels.telegram.token is required")
+        self.config = config
+        self._token = config.token.get_secret_value()
+        secret = config.webhook_secret
+        self._webhook_secret = secret.get_secret_value() if secret else ""
+        self._bus = bus
+        self._commands = dict(commands)
+        self._clock = clock
+        self.pairing = PairingStore(store)
+        self._sent = SentParts(store, NAME)
+        self._filter = SecretFilter(self._token, self._webhook_secret)
+        self._redact_logs(True)  # before the first Bot: PTB logs its URLs, token included
+        self._bot = self._new_bot()
+        self._outbound = Outbound(self._bot, self._sent, self._token)
+        self._inbound = Inbound(config, bot=self._bot, pairing=self.pairing,
+                                outbound=self._outbound, media_dir=media_dir,
+                                commands=self._commands, token=self._token)
+        self._me: User | None = None
+        self._running = False
+        self._stopped = False
+        self._offset: int | None = None
+        self._store_failures: dict[int, int] = {}
+        self._seen_updates: OrderedDict[int, None] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._busy: dict[tuple[str, str | None], int] = {}
+        self._runner: web.AppRunner | None = None
+        self._webhook_ok = False
+        self._changed = asyncio.Condition()
+        self._last_poll = clock()
+        self.last_poll_ok: datetime | None = None
+        self.last_inbound: datetime | None = None
+        self.watchdog_restarts = 0
+        self.webhook_port: int | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def _new_bot(self, *, polling: bool = False) -> Bot:
+        """A ``Bot`` with its own HTTP pools; the long poll gets a read timeout above its own."""
+        wait = self.config.poll_timeout + 10.0
+        return Bot(self._token, base_url=self.config.base_url,
+                   base_file_url=self.config.base_file_url,
+                   request=HTTPXRequest(connection_pool_size=16, connect_timeout=10.0,
+                                        read_timeout=30.0, write_timeout=60.0, pool_timeout=10.0),
+                   get_updates_request=HTTPXRequest(connect_timeout=10.0, read_timeout=wait)
+                   if polling else None)
+
+    async def start(self) -> None:
+        """getMe first, so a wrong token stops the gateway with a clear message; an
+        unreachable Bot API does not (polling keeps trying, and health says degraded)."""
+        if self._running:
+            return
+        self._stopped = False
+        self._redact_logs(True)
+        await self.pairing.setup()
+        await self._sent.setup()
+        try:
+            await self._bot.initialize()
+            self._me = self._bot.bot
+        except InvalidToken:
+            await self._close_bot()
+            raise TelegramChannelError(
+                f"channels.telegram.token was refused by the Bot API at {self.config.base_url} "
+                "(check the token @BotFather gave you)") from None
+        except TelegramError as exc:
+            _log.warning("telegram: Bot API not reachable yet (%s); will keep trying",
+                         self._redact(exc.message))
+        self._running = True
+        self._last_poll = self._clock()
+        if self.config.mode == "webhook":
+            await self._start_webhook()
+        else:
+            self._poller = self._spawn(self._poll(), "telegram-poll")
+            self._spawn(self._watchdog(), "telegram-watchdog")
+        _log.info("telegram channel started (%s)%s", self.config.mode,
+                  f" as @{self._me.username}" if self._me else "")
+
+    async def stop(self) -> None:
+        """Safe to call twice, and on a channel that never started (the log filter goes)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._running = False
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._typing.clear()
+        self._busy.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._offset is not None:
+            try:  # confirm what was stored, so the next start does not fetch it again
+                async with asyncio.timeout(3.0):
+                    await self._bot.get_updates(offset=self._offset, timeout=0, limit=1,
+                                                allowed_updates=ALLOWED_UPDATES)
+            except (TelegramError, TimeoutError) as exc:
+                _log.info("telegram: could not confirm offset on stop: %s", self._redact(str(exc)))
+        await self._close_bot()
+        self._redact_logs(False)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _close_bot(self) -> None:
+        try:
+            await self._bot.shutdown()
+        except Exception:
+            _log.exception("telegram: bot shutdown failed")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _redact_logs(self, on: bool) -> None:
+        """Filter the loggers that print request URLs (PTB's, httpx's): the token is in them."""
+        names = {*_LOGGERS_WITH_URLS, *(n for n in logging.Logger.manager.loggerDict
+                                        if n.startswith(_LOGGERS_WITH_URLS))}
+        for name in names:
+            logger = logging.getLogger(name)
+            (logger.addFilter if on else logger.removeFilter)(self._filter)
+
+    def _redact(self, text: str) -> str:
+        return redact(text, (self._token,))
+
+    def status(self) -> ChannelStatus:
+        polling = self.config.mode == "polling"
+        stale = self._running and polling and \
+            self._clock() - self._last_poll > self.config.watchdog
+        degraded = stale or (self._running and (self._me is None or
+                                                 (not polling and not self._webhook_ok)))
+        detail: dict[str, object] = {
+            "mode": self.config.mode, "bot": f"@{self._me.username}" if self._me else None,
+            "degraded": degraded, "last_poll_ok": _iso(self.last_poll_ok),
+            "last_inbound": _iso(self.last_inbound),
+            "last_send_ok": _iso(self._outbound.last_send_ok),
+            "watchdog_restarts": self.watchdog_restarts, "offset": self._offset}
+        return ChannelStatus(running=self._running and not stale, detail=detail)
+
+    async def wait_until(self, predicate: Callable[[TelegramChannel], bool],
+                         timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait for a change of state (polls, restarts) that makes ``predicate`` true."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- polling and the watchdog ---------------------------------------------------------------
+
+    async def _bootstrap(self, bot: Bot) -> None:
+        """getMe (for mention detection), then the command menu; every (re)connect."""
+        await bot.initialize()
+        self._me = bot.bot
+        if self.config.mode == "polling":
+            await bot.delete_webhook(drop_pending_updates=False)
+        commands = [BotCommand(n, d[:256]) for n, d in self._commands.items()]
+        await bot.set_my_commands(commands)
+
+    async def _poll(self) -> None:
+        bot = self._new_bot(polling=True)
+        backoff = Backoff()
+        timeout = timedelta(seconds=self.config.poll_timeout)
+        ready = False
+        try:
+            while True:
+                if self._bus.closed:  # stopping: park until cancelled, fetch nothing more
+                    await asyncio.get_running_loop().create_future()
+                try:
+                    if not ready:
+                        await self._bootstrap(bot)
+                        ready = True
+                    updates = await bot.get_updates(offset=self._offset, timeout=timeout,
+                                                    allowed_updates=ALLOWED_UPDATES)
+                except RetryAfter as exc:
+                    await asyncio.sleep(retry_seconds(exc))
+                    continue
+                except TelegramError as exc:
+                    delay = backoff.next()
+                    _log.warning("telegram: getUpdates failed (%s: %s); retry in %.1fs",
+                                 type(exc).__name__, self._redact(exc.message), delay)
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                self._last_poll = self._clock()
+                self.last_poll_ok = utcnow()
+                await self._notify()
+                if not await self._process(updates):
+                    await asyncio.sleep(backoff.next())
+        finally:
+            await bot.shutdown()
+
+    async def _process(self, updates: tuple[Update, ...]) -> bool:
+        """Handle updates in order, advancing the offset past each one stored or skipped."""
+        for update in updates:
+            if self._bus.closed:
+                return True  # stopping: the rest stays unconfirmed for the next start
+            try:
+                await self._handle_update(update)
+            except BusClosed:
+                return True
+            except _NotStored as exc:
+                tries = self._store_failures[update.update_id] = \
+                    self._store_failures.get(update.update_id, 0) + 1
+                if tries < MAX_STORE_ATTEMPTS:
+                    _log.warning("telegram: update %d not stored (%s); fetching it again",
+                                 update.update_id, exc)
+                    return False
+                _log.error("telegram: update %d dropped after %d failed attempts to store it",
+                           update.update_id, tries)
+            self._store_failures.pop(update.update_id, None)
+            self._offset = update.update_id + 1
+        return True
+
+    async def _watchdog(self) -> None:
+        interval = min(5.0, self.config.watchdog / 4)
+        while True:
+            await asyncio.sleep(interval)
+            if self._bus.closed:
+                continue
+            stalled = self._clock() - self._last_poll > self.config.watchdog
+            if stalled or self._poller is None or self._poller.done():
+                _log.warning("telegram: no getUpdates completed for %.0fs; rebuilding polling",
+                             self._clock() - self._last_poll)
+                await self._restart_polling()
+
+    async def _restart_polling(self) -> None:
+        old, self._poller = self._poller, None
+        if old is not None:
+            old.cancel()
+            await asyncio.gather(old, return_exceptions=True)
+        self.watchdog_restarts += 1
+        self._last_poll = self._clock()
+        self._poller = self._spawn(self._poll(), "telegram-poll")
+        await self._notify()
+
+    # --- webhook --------------------------------------------------------------------------------
+
+    async def _start_webhook(self) -> None:
+        url = self.config.webhook_url or ""
+        app = web.Application(client_max_size=1024 * 1024)
+        app.router.add_post(urlsplit(url).path or "/", self._on_webhook)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.config.webhook_listen, self.config.webhook_port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise TelegramChannelError(f"channels.telegram: cannot listen on "
+                                       f"{self.config.webhook_listen}:"
+                                       f"{self.config.webhook_port}: {exc}") from exc
+        self._runner = runner
+        self.webhook_port = int(runner.addresses[0][1])
+        self._spawn(self._register_webhook(url), "telegram-webhook")
+
+    async def _register_webhook(self, url: str) -> None:
+        backoff = Backoff()
+        while not self._webhook_ok:
+            try:
+                await self._bootstrap(self._bot)
+                await self._bot.set_webhook(url=url, secret_token=self._webhook_secret,
+                                            allowed_updates=ALLOWED_UPDATES,
+                                            drop_pending_updates=False)
+                self._webhook_ok = True
+            except TelegramError as exc:
+                delay = backoff.next()
+                _log.warning("telegram: setWebhook failed (%s); retry in %.1fs",
+                             self._redact(exc.message), delay)
+                await asyncio.sleep(delay)
+        await self._notify()
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode()
+        if not hmac.compare_digest(given, self._webhook_secret.encode()):
+            return web.Response(status=401)
+        if self._me is None:
+            return web.Response(status=503)  # Telegram tries again later
+        try:
+            update = Update.de_json(await request.json(), self._bot)
+        except (ValueError, TypeError, KeyError):
+            return web.Response(status=400)
+        if update.update_id in self._seen_updates:
+            return web.Response()
+        try:
+            await self._handle_update(update)
+        except (BusClosed, _NotStored):
+            return web.Response(status=503)
+        self._seen_updates[update.update_id] = None
+        while len(self._seen_updates) > 10_000:
+            self._seen_updates.popitem(last=False)
+        return web.Response()
+
+    # --- inbound --------------------------------------------------------------------------------
+
+    async def _handle_update(self, update: Update) -> None:
+        """Prepare and publish one update; raises ``_NotStored`` when publishing failed."""
+        message, me = update.message, self._me
+        if message is None or me is None:
+            return
+        try:
+            ready = await self._inbound.prepare(message, me)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # our bug, or a message we cannot read: skip it, do not loop on it
+            _log.exception("telegram: could not handle update %d", update.update_id)
+            return
+        for msg in ready:
+            try:
+                await self._bus.publish_inbound(msg)
+            except (BusClosed, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                raise _NotStored(f"{type(exc).__name__}: {exc}") from exc
+        if ready:
+            self.last_inbound = utcnow()
+
+    # --- outbound -------------------------------------------------------------------------------
+
+    async def send(self, msg: OutboundMessage) -> Delivery:
+        return await self._outbound.send(msg)
+
+    # --- typing ---------------------------------------------------------------------------------
+
+    def activity(self, event: ChatActivity) -> None:
+        """While a chat's turn runs, show "typing…" (Telegram shows it for ~5 s per action)."""
+        if not self._running or event.channel != NAME:
+            return
+        key = (event.chat_id, event.thread_id)
+        count = self._busy.get(key, 0) + (1 if event.busy else -1)
+        if count > 0:
+            self._busy[key] = count
+            if key not in self._typing:
+                self._typing[key] = self._spawn(self._keep_typing(*key),
+                                                f"telegram-typing:{event.chat_id}")
+            return
+        self._busy.pop(key, None)
+        task = self._typing.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    async def _keep_typing(self, chat_id: str, thread_id: str | None) -> None:
+        deadline = self._clock() + MAX_TYPING_SECONDS
+        thread = int(thread_id) if thread_id and thread_id.isdigit() else None
+        try:
+            while self._clock() < deadline:
+                try:
+                    await self._bot.send_chat_action(chat_id=chat_id, action=ChatAction.TYPING,
+                                                     message_thread_id=thread)
+                except RetryAfter as exc:
+                    await asyncio.sleep(retry_seconds(exc))
+                    continue
+                except TelegramError as exc:
+                    _log.debug("telegram: typing action failed: %s", self._redact(exc.message))
+                await asyncio.sleep(self.config.typing_interval)
+        finally:
+            if self._typing.get((chat_id, thread_id)) is asyncio.current_task():
+                del self._typing[(chat_id, thread_id)]
+
+
+def create(deps: ChannelDeps) -> TelegramChannel:
+    """The gateway's factory for ``channels.telegram``."""
+    return TelegramChannel(deps.config.channels.telegram, bus=deps.bus, store=deps.store,
+                           media_dir=deps.data_path / "media" / NAME)

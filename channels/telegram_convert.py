@@ -1,0 +1,373 @@
+"""Translation between python-telegram-bot objects and Parley's events, as pure functions.
+
+Nothing here touches the network or the clock, so every rule (who addressed the bot, what the
+agent reads, how a reply is cut into messages, which error is worth a retry) is tested with
+plain ``telegram.Message`` objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import mimetypes
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from telegram import Chat, Message, MessageEntity, User
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Forbidden,
+    InvalidToken,
+    RetryAfter,
+    TelegramError,
+)
+
+from channels.base import Delivery
+from channels.chunking import chunk_markdown, utf16_len
+from channels.format import html_visible_text, to_plain_text, to_telegram_html
+from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
+
+# Time periods as timedelta (PTB's future default): with ints, building a RetryAfter warns
+# (PTBDeprecationWarning) on every 429. Read by PTB at call time, so setting it here suffices.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+
+NAME = "telegram"
+TEXT_LIMIT = 4096
+"""Telegram's limit for one message, in UTF-16 code units after entity parsing."""
+ALLOWED_UPDATES = ("message",)
+PHOTO_MIMES = frozenset({"image/jpeg", "image/png", "image/webp"})
+MAX_PHOTO_BYTES = 10 * 1024 * 1024
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+QUOTE_CHARS = 300
+
+
+# --- who spoke, where, and to whom --------------------------------------------------------------
+
+def chat_type(chat: Chat) -> ChatType | None:
+    """``direct`` for private chats, ``group`` for groups and supergroups, None for channels."""
+    if chat.type == Chat.PRIVATE:
+        return "direct"
+    if chat.type in (Chat.GROUP, Chat.SUPERGROUP):
+        return "group"
+    return None
+
+
+def is_group_chat_id(chat_id: str) -> bool:
+    """Telegram gives groups (and channels) negative ids and users positive ones."""
+    return chat_id.startswith("-")
+
+
+def thread_of(message: Message) -> str | None:
+    """The forum topic a message belongs to; other reply threads do not split sessions."""
+    if message.is_topic_message and message.message_thread_id:
+        return str(message.message_thread_id)
+    return None
+
+
+def display_name(user: User) -> str:
+    return user.full_name.strip() or (f"@{user.username}" if user.username else str(user.id))
+
+
+def _entity_text(text: str, entity: MessageEntity) -> str:
+    data = text.encode("utf-16-le")
+    return data[entity.offset * 2:(entity.offset + entity.length) * 2].decode("utf-16-le")
+
+
+def _py_index(text: str, utf16_offset: int) -> int:
+    return len(text.encode("utf-16-le")[:utf16_offset * 2].decode("utf-16-le"))
+
+
+def _text_and_entities(message: Message) -> tuple[str, Sequence[MessageEntity]]:
+    if message.text is not None:
+        return message.text, message.entities
+    return message.caption or "", message.caption_entities
+
+
+@dataclass(frozen=True, slots=True)
+class Addressed:
+    """How a group message reached for the bot, if it did."""
+
+    mention: bool = False
+    reply: bool = False
+    command: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.mention or self.reply or self.command
+
+
+def addressing(message: Message, *, bot_id: int, bot_username: str,
+               commands: Iterable[str]) -> Addressed:
+    """@mention of the bot, a reply to one of its messages, or a command meant for it.
+
+    A bare ``/help`` counts when it is one of our commands; ``/help@other_bot`` never does.
+    """
+    text, entities = _text_and_entities(message)
+    me = "@" + bot_username.lower()
+    known = {c.lower() for c in commands}
+    mention = command = False
+    for entity in entities:
+        if entity.type == MessageEntity.MENTION:
+            mention = mention or _entity_text(text, entity).lower() == me
+        elif entity.type == MessageEntity.TEXT_MENTION:
+            mention = mention or (entity.user is not None and entity.user.id == bot_id)
+        elif entity.type == MessageEntity.BOT_COMMAND and entity.offset == 0:
+            name, _, target = _entity_text(text, entity)[1:].partition("@")
+            command = target.lower() == me[1:] if target else name.lower() in known
+    replied = message.reply_to_message
+    reply = (replied is not None and replied.from_user is not None
+             and replied.from_user.id == bot_id and replied.forum_topic_created is None)
+    return Addressed(mention=mention, reply=reply, command=command)
+
+
+def strip_bot_mention(text: str, entities: Sequence[MessageEntity], bot_username: str) -> str:
+    """``@parley_bot what's up?`` → ``what's up?``; other mentions stay."""
+    me = "@" + bot_username.lower()
+    spans = sorted(((_py_index(text, e.offset), _py_index(text, e.offset + e.length))
+                    for e in entities if e.type == MessageEntity.MENTION
+                    and _entity_text(text, e).lower() == me), reverse=True)
+    for start, end in spans:
+        if text[end:end + 1] == " ":
+            end += 1
+        elif text[start - 1:start] == " ":
+            start -= 1
+        text = text[:start] + text[end:]
+    return text.strip().lstrip(",:").strip() if spans else text
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def reply_context(message: Message, bot_id: int) -> str | None:
+    """What the user replied to, so "what does this mean?" has its "this"."""
+    replied = message.reply_to_message
+    if replied is None or replied.forum_topic_created is not None:
+        return None
+    if message.is_topic_message and replied.message_id == message.message_thread_id:
+        return None  # the topic's first message, not a real reply
+    quoted = message.quote.text if message.quote else (replied.text or replied.caption or "")
+    who = replied.from_user
+    name = "you" if who is not None and who.id == bot_id else \
+        display_name(who) if who is not None else "someone"
+    return f'[Replying to {name}: "{_shorten(quoted, QUOTE_CHARS) or "(media)"}"]'
+
+
+def message_text(message: Message, *, bot_id: int, bot_username: str) -> str:
+    """What the agent reads: the text (or caption) without the bot's @mention, plus context."""
+    text, entities = _text_and_entities(message)
+    body = strip_bot_mention(text, entities, bot_username)
+    if body.startswith("/"):
+        return body  # a command stays a command, even when sent as a reply
+    lines = [line for line in (reply_context(message, bot_id), body) if line]
+    if message.sticker is not None:
+        lines.append(f"[sticker {message.sticker.emoji or ''}]".replace(" ]", "]"))
+    return "\n".join(lines)
+
+
+# --- media in -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class MediaRef:
+    """A file attached to a message, before it is downloaded."""
+
+    kind: MediaKind
+    file_id: str
+    size: int | None
+    mime: str | None
+    label: str
+    name: str | None = None
+
+
+def media_ref(message: Message) -> MediaRef | None:
+    """The message's file: the largest photo size, or its document, voice, audio or video."""
+    if message.photo:
+        best = max(message.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+        return MediaRef("image", best.file_id, best.file_size, "image/jpeg", "photo")
+    if message.voice is not None:
+        v = message.voice
+        return MediaRef("audio", v.file_id, v.file_size, v.mime_type or "audio/ogg",
+                        "voice message")
+    if message.audio is not None:
+        a = message.audio
+        return MediaRef("audio", a.file_id, a.file_size, a.mime_type, "audio file", a.file_name)
+    if message.video is not None:
+        v2 = message.video
+        return MediaRef("video", v2.file_id, v2.file_size, v2.mime_type, "video", v2.file_name)
+    if message.video_note is not None:
+        n = message.video_note
+        return MediaRef("video", n.file_id, n.file_size, "video/mp4", "video message")
+    if message.animation is not None:
+        g = message.animation
+        return MediaRef("video", g.file_id, g.file_size, g.mime_type, "animation", g.file_name)
+    if message.document is not None:
+        d = message.document
+        mime = d.mime_type or (mimetypes.guess_type(d.file_name)[0] if d.file_name else None)
+        label = f'document "{d.file_name}"' if d.file_name else "document"
+        return MediaRef(media_kind(mime), d.file_id, d.file_size, mime, label, d.file_name)
+    return None
+
+
+def media_kind(mime: str | None) -> MediaKind:
+    head = (mime or "").split("/", 1)[0]
+    return head if head in ("image", "audio", "video") else "file"  # type: ignore[return-value]
+
+
+_SAFE_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
+
+
+def file_suffix(ref: MediaRef, file_path: str | None) -> str:
+    """A safe extension for the stored copy: from Telegram's path, the name, or the MIME type."""
+    for candidate in (file_path, ref.name):
+        if candidate:
+            suffix = "." + candidate.rsplit(".", 1)[-1] if "." in candidate else ""
+            if _SAFE_SUFFIX.fullmatch(suffix):
+                return suffix.lower()
+    return (mimetypes.guess_extension(ref.mime) if ref.mime else None) or ".bin"
+
+
+def human_size(size: int) -> str:
+    """``512 bytes``, ``2 KB``, ``20 MB``, ``25.3 MB``."""
+    if size < 1024:
+        return f"{size} bytes"
+    value, unit = (size / 1024, "KB") if size < 1024 * 1024 else (size / 1024 / 1024, "MB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def too_big_note(ref: MediaRef, limit: int) -> str:
+    size = human_size(ref.size) if ref.size else "unknown size"
+    return (f"[The user attached a {ref.label} ({size}) that was not downloaded: it is over the "
+            f"{human_size(limit)} limit.]")
+
+
+def too_big_reply(ref: MediaRef, limit: int) -> str:
+    size = f" ({human_size(ref.size)})" if ref.size else ""
+    return (f"Sorry, that {ref.label}{size} is too big for me: I can take files up to "
+            f"{human_size(limit)}.")
+
+
+def to_inbound(message: Message, *, text: str, media: tuple[Media, ...] = (),
+               mentioned: bool = False, context_only: bool = False) -> InboundMessage:
+    chat, user = message.chat, message.from_user
+    kind = chat_type(chat)
+    if user is None or kind is None:
+        raise ValueError("only messages from users in private chats and groups are translated")
+    replied = message.reply_to_message
+    return InboundMessage(
+        channel=NAME, chat_id=str(chat.id), sender_id=str(user.id),
+        sender_name=display_name(user), text=text, media=media,
+        message_id=str(message.message_id), thread_id=thread_of(message), chat_type=kind,
+        mentioned=mentioned, reply_to=str(replied.message_id) if replied else None,
+        received_at=message.date, kind="command" if text.startswith("/") else "user",
+        metadata={CONTEXT_ONLY: True} if context_only else {})
+
+
+# --- replies out --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    html: str | None
+    """Telegram HTML, or None when the chunk is sent as plain text only."""
+    plain: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediaPart:
+    media: Media
+
+
+Part = TextPart | MediaPart
+
+
+def plan_parts(text: str, media: Sequence[Media]) -> list[Part]:
+    """One message per part, in order; the same input always gives the same parts, so a retry
+    can resume after the parts already sent."""
+    parts: list[Part] = list(text_parts(text))
+    parts.extend(MediaPart(m) for m in media)
+    return parts
+
+
+def text_parts(markdown: str, limit: int = TEXT_LIMIT) -> list[TextPart]:
+    out: list[TextPart] = []
+    for chunk in chunk_markdown(markdown, limit, utf16_len):
+        out.extend(_fit(chunk, limit, limit))
+    return out
+
+
+def _fit(chunk: str, limit: int, budget: int) -> list[TextPart]:
+    """Rendered HTML is almost never longer than its markdown; when it is, cut finer."""
+    plain = to_plain_text(chunk)
+    if utf16_len(plain) > limit or not plain.strip():
+        plain = chunk
+    html = to_telegram_html(chunk)
+    visible = html_visible_text(html)
+    if not visible.strip():
+        return [TextPart(None, plain)]
+    over = utf16_len(visible) - limit
+    if over <= 0:
+        return [TextPart(html, plain)]
+    smaller = budget - over - 8
+    if smaller < 64:
+        return [TextPart(None, c) for c in chunk_markdown(chunk, limit, utf16_len)]
+    return [p for piece in chunk_markdown(chunk, smaller, utf16_len)
+            for p in _fit(piece, limit, smaller)]
+
+
+def photo_or_document(media: Media, size: int | None) -> str:
+    """``photo`` for pictures Telegram shows inline, else ``document`` (sent as a file)."""
+    mime = media.mime or mimetypes.guess_type(media.path or media.url or "")[0]
+    if media.kind == "image" and mime in PHOTO_MIMES and (size or 0) <= MAX_PHOTO_BYTES:
+        return "photo"
+    return "document"
+
+
+def is_parse_error(exc: TelegramError) -> bool:
+    """Telegram refused our HTML ("Bad Request: can't parse entities: ...")."""
+    return isinstance(exc, BadRequest) and "parse entities" in exc.message.lower()
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    value: int | float | timedelta = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def map_errors(exc: TelegramError, secrets: Iterable[str] = ()) -> Delivery:
+    """Every python-telegram-bot error → what the delivery worker should do about it."""
+    text = redact(f"{type(exc).__name__}: {exc.message}", secrets)
+    if isinstance(exc, RetryAfter):
+        return Delivery(ok=False, error=text, retry_after=retry_seconds(exc))
+    if isinstance(exc, Forbidden | InvalidToken | ChatMigrated | BadRequest):
+        return Delivery(ok=False, error=text, permanent=True)  # blocked, gone, or malformed
+    return Delivery(ok=False, error=text)  # TimedOut, NetworkError, ...: worth another try
+
+
+# --- secrets --------------------------------------------------------------------------------------
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[token]")
+    return text
+
+
+class SecretFilter(logging.Filter):
+    """Rewrites log records that contain a secret (the bot token is part of every API URL)."""
+
+    def __init__(self, *secrets: str) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message, self.secrets)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, self.secrets)
+        return True

@@ -1,0 +1,160 @@
+"""Telegram output: replies cut into parts and sent in order, media, and channel notices.
+
+A reply is planned into parts (``plan_parts``: chunks of HTML, then media), and every part that
+Telegram accepted is recorded in ``SentParts`` before the next is sent. A retry of the same
+``OutboundMessage`` (after a 429, a network error, or a restart) resumes at the first part not
+yet delivered, so no part is ever sent twice. A chunk whose HTML Telegram refuses is resent as
+plain text; in groups the first part quotes the user's message; topics get their thread id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TypedDict
+
+from telegram import Bot, Message, ReplyParameters
+from telegram.constants import ParseMode
+from telegram.error import BadRequest, RetryAfter, TelegramError
+
+from channels.base import Delivery
+from channels.sent_parts import SentParts
+from channels.telegram_convert import (
+    MAX_UPLOAD_BYTES,
+    MediaPart,
+    Part,
+    chat_type,
+    is_group_chat_id,
+    is_parse_error,
+    map_errors,
+    photo_or_document,
+    plan_parts,
+    redact,
+    retry_seconds,
+    thread_of,
+)
+from gateway.events import Media, OutboundMessage, utcnow
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Jittered exponential delays, 0.5 s doubling up to 30 s."""
+
+    delay: float = 0.5
+
+    def next(self) -> float:
+        value, self.delay = self.delay, min(self.delay * 2, 30.0)
+        return value * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.delay = 0.5
+
+
+class _Where(TypedDict):
+    message_thread_id: int | None
+    reply_parameters: ReplyParameters | None
+
+
+class Outbound:
+    def __init__(self, bot: Bot, sent: SentParts, token: str) -> None:
+        self._bot = bot
+        self._sent = sent
+        self._secrets = (token,)
+        self.last_send_ok: datetime | None = None
+
+    async def send(self, msg: OutboundMessage) -> Delivery:
+        if msg.kind == "progress" or (not msg.text.strip() and not msg.media):
+            return Delivery(ok=True)
+        key = msg.idempotency_key
+        done = await self._sent.sent(key)
+        parts = plan_parts(msg.text, msg.media)
+        for index in range(len(done), len(parts)):
+            try:
+                message_id = await self._send_part(msg, parts[index], first=index == 0)
+            except TelegramError as exc:
+                delivery = map_errors(exc, self._secrets)
+                _log.warning("telegram: part %d/%d to chat %s failed: %s", index + 1,
+                             len(parts), msg.chat_id, delivery.error)
+                return delivery
+            await self._sent.record(key, index, message_id, msg.chat_id)
+            done.append(message_id)
+            self.last_send_ok = utcnow()
+        return Delivery(ok=True, message_ids=tuple(done))
+
+    async def _send_part(self, msg: OutboundMessage, part: Part, *, first: bool) -> str:
+        quote = None
+        if first and is_group_chat_id(msg.chat_id) and msg.reply_to and msg.reply_to.isdigit():
+            quote = ReplyParameters(int(msg.reply_to), allow_sending_without_reply=True)
+        thread = int(msg.thread_id) if msg.thread_id and msg.thread_id.isdigit() else None
+        where = _Where(message_thread_id=thread, reply_parameters=quote)
+        if isinstance(part, MediaPart):
+            return await self._send_media(msg.chat_id, part.media, where)
+        if part.html is not None:
+            try:
+                sent = await self._bot.send_message(msg.chat_id, part.html,
+                                                    parse_mode=ParseMode.HTML, **where)
+                return str(sent.message_id)
+            except BadRequest as exc:
+                if not is_parse_error(exc):
+                    raise
+                _log.warning("telegram: HTML refused (%s); sending that part as plain text",
+                             exc.message)
+        sent = await self._bot.send_message(msg.chat_id, part.plain, **where)
+        return str(sent.message_id)
+
+    async def _send_media(self, chat_id: str, media: Media, where: _Where) -> str:
+        bot = self._bot
+        if media.url is not None:
+            if photo_or_document(media, None) == "photo":
+                return str((await bot.send_photo(chat_id, media.url, **where)).message_id)
+            return str((await bot.send_document(chat_id, media.url, **where)).message_id)
+        path = Path(media.path or "")
+        size = await asyncio.to_thread(_file_size, path)
+        problem = "not found" if size is None else \
+            "too big to send (Telegram takes up to 50 MB)" if size > MAX_UPLOAD_BYTES else None
+        if problem:
+            sent = await bot.send_message(chat_id, f"(Could not attach {path.name}: {problem}.)",
+                                          **where)
+            return str(sent.message_id)
+        data = await asyncio.to_thread(path.read_bytes)
+        if photo_or_document(media, size) == "photo":
+            try:
+                sent = await bot.send_photo(chat_id, data, filename=path.name, **where)
+                return str(sent.message_id)
+            except BadRequest as exc:  # odd dimensions, unreadable image: send it as a file
+                _log.info("telegram: photo refused (%s); sending as a document", exc.message)
+        sent = await bot.send_document(chat_id, data, filename=path.name, **where)
+        return str(sent.message_id)
+
+    async def notice(self, message: Message, text: str) -> None:
+        """A plain message from the channel itself (pairing, refusals): best effort, 3 tries."""
+        thread = thread_of(message)
+        quote = ReplyParameters(message.message_id, allow_sending_without_reply=True) \
+            if chat_type(message.chat) == "group" else None
+        backoff = Backoff()
+        for _ in range(3):
+            try:
+                await self._bot.send_message(message.chat.id, text, reply_parameters=quote,
+                                             message_thread_id=int(thread) if thread else None)
+                return
+            except RetryAfter as exc:
+                await asyncio.sleep(retry_seconds(exc))
+            except BadRequest as exc:
+                _log.warning("telegram: notice refused: %s", redact(exc.message, self._secrets))
+                return
+            except TelegramError as exc:
+                _log.warning("telegram: notice failed: %s", redact(exc.message, self._secrets))
+                await asyncio.sleep(backoff.next())
+
+
+def _file_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None

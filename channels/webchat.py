@@ -1,0 +1,505 @@
+"""WebChat: a chat page in the browser, served by the gateway itself (aiohttp).
+
+The page (``webchat_static/``: one HTML file, one script, one stylesheet; no CDN, no build)
+keeps a random chat id in local storage; its session is ``webchat:<chat_id>``. Routes:
+
+- ``GET /``, ``/app.js``, ``/style.css``: the page; ``GET /api/info``: limits, token needed?
+- ``GET /api/history?chat_id=&after=|before=&limit=``: the chat's log (``webchat_store``).
+- ``GET /api/media/<name>?chat_id=``: an image the chat sent.
+- ``GET /ws?chat_id=``: the WebSocket; JSON frames both ways (see ``webchat_frames``). To the
+  page: ``ready``, ``message`` (a log entry), ``ack`` (a sent message was stored and handed to
+  the bus), ``typing``, ``progress``, ``error``, ``pong``.
+
+Every message is logged before it is shown, so a page that was closed or reconnecting gets
+everything from history; a sent message is acknowledged only once the bus holds it, and the page
+sends unacknowledged messages again after reconnecting (deduplicated by their id). Beyond
+loopback a token is required; the WebSocket checks ``Origin``; without a token only loopback
+``Host`` names are served (DNS rebinding). The access log is off: no URL reaches a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import sqlite3
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.typedefs import Handler
+
+from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.webchat_frames import (
+    IMAGE_TYPES,
+    FrameError,
+    ImageData,
+    check_chat_id,
+    host_allowed,
+    is_loopback,
+    max_frame_bytes,
+    origin_allowed,
+    parse_frame,
+    parse_message,
+    query_uint,
+)
+from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog, save_image, user_key
+from gateway.bus import BusClosed, MessageBus
+from gateway.config import WebchatChannelConfig
+from gateway.events import ChatActivity, InboundKind, InboundMessage, Media, OutboundMessage
+from gateway.store import Store
+
+_log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).with_name("webchat_static")
+STATIC_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
+                "/style.css": ("style.css", "text/css")}
+AUTH_TIMEOUT = 10.0
+"""Seconds a socket has to send its ``auth`` frame."""
+MAX_QUEUED_FRAMES = 500
+"""A socket this far behind is closed; the page reconnects and reads on from history."""
+MAX_PROGRESS_LINES = 20
+CLOSE_UNAUTHORIZED = 4401
+"""Close code telling the page to ask for the token again."""
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
+                               "connect-src 'self'; object-src 'none'; base-uri 'none'; "
+                               "frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+class WebchatError(Exception):
+    """The channel cannot start (unsafe listen address, port taken)."""
+
+
+class ApiError(Exception):
+    """A refused HTTP request; ``message`` starts with the field at fault."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(eq=False)
+class _Socket:
+    """One open WebSocket. Frames go through a queue drained by one writer, so frames reach the
+    page in the order they were produced, and sync callers (``activity``) never wait."""
+
+    ws: web.WebSocketResponse
+    chat_id: str
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    closing: bool = False
+
+    def push(self, frame: dict[str, Any]) -> None:
+        if self.closing:
+            return
+        if self.queue.qsize() >= MAX_QUEUED_FRAMES:
+            _log.warning("webchat: a socket of chat %s fell behind; closing it", self.chat_id)
+            self.close()
+            return
+        self.queue.put_nowait(frame)
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.queue.put_nowait(None)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _error(status: int, message: str) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error(exc.status, exc.message)
+    except FrameError as exc:
+        return _error(400, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason.lower())
+    except Exception:
+        _log.exception("webchat: %s %s failed", request.method, request.path)
+        return _error(500, "internal error")
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    if request.path.startswith("/api/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+
+
+class WebchatChannel:
+    name = "webchat"
+    hints = ChannelHints(
+        markup="Markdown subset: paragraphs, **bold**, *italic*, `code`, fenced code blocks, "
+               "lists, [links](https://…); headings, tables and HTML are shown as plain text",
+        max_length=None,
+        etiquette="A private chat page in the user's own browser.")
+    wants_progress = True
+
+    def __init__(self, config: WebchatChannelConfig, bus: MessageBus, store: Store, *,
+                 media_dir: Path) -> None:
+        self.config = config
+        self._bus = bus
+        self._log = WebchatLog(store)
+        self._media_dir = media_dir
+        self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
+        self._token = config.token.encode() if config.token else None
+        self._static: dict[str, tuple[bytes, str]] = {}
+        self._sockets: dict[str, set[_Socket]] = {}
+        self._chat_locks: dict[str, asyncio.Lock] = {}
+        self._busy: dict[str, list[str]] = {}
+        self._no_sockets = asyncio.Event()
+        self._no_sockets.set()
+        self._runner: web.AppRunner | None = None
+        self._running = False
+        self._closing = False
+        self.port: int | None = None
+        self.base_url: str | None = None
+        self.last_inbound_at: str | None = None
+        self.last_outbound_at: str | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        host, port = self.config.host, self.config.port
+        if self._token is None and not is_loopback(host):  # the config refuses it too
+            raise WebchatError(f"channels.webchat.token is required to listen on {host!r}, "
+                               "which is not loopback; set a token or use host 127.0.0.1")
+        await self._log.ensure_schema()
+        self._static = await asyncio.to_thread(self._read_static)
+        app = web.Application(middlewares=[_json_errors])
+        if self._token is None:
+            app.middlewares.append(self._loopback_hosts_only)
+        app.on_response_prepare.append(_security_headers)
+        for route in STATIC_FILES:
+            app.router.add_get(route, self._get_static)
+        app.router.add_get("/api/info", self._get_info)
+        app.router.add_get("/api/history", self._get_history)
+        app.router.add_get("/api/media/{name}", self._get_media)
+        app.router.add_get("/ws", self._websocket)
+        # No access log: it prints every URL, and a URL is the one place a careless client
+        # might put the token.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise WebchatError(f"channels.webchat: cannot listen on {host}:{port}: {exc}") \
+                from exc
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        self._closing = False
+        self._running = True
+        _log.info("webchat page at %s", self.base_url)
+
+    @staticmethod
+    def _read_static() -> dict[str, tuple[bytes, str]]:
+        return {route: ((STATIC_DIR / file).read_bytes(), mime)
+                for route, (file, mime) in STATIC_FILES.items()}
+
+    async def stop(self) -> None:
+        """Close every socket (the pages reconnect to the next gateway), then the server."""
+        self._closing = True
+        for sockets in list(self._sockets.values()):
+            for sock in sockets:
+                sock.close()
+        try:
+            await asyncio.wait_for(self._no_sockets.wait(), 5.0)
+        except TimeoutError:
+            _log.warning("webchat: sockets still open at shutdown")
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        self._running = False
+
+    def status(self) -> ChannelStatus:
+        return ChannelStatus(running=self._running and not self._closing, detail={
+            "url": self.base_url,
+            "sockets": sum(len(s) for s in self._sockets.values()),
+            "chats_connected": len(self._sockets),
+            "token_required": self._token is not None,
+            "last_inbound_at": self.last_inbound_at,
+            "last_outbound_at": self.last_outbound_at,
+        })
+
+    # --- outbound ---------------------------------------------------------------------------
+
+    async def send(self, msg: OutboundMessage) -> Delivery:
+        """Log the message (the durable record the page reads), then push it to open pages."""
+        if msg.kind == "progress":  # shown under "working…", never kept
+            lines = self._busy.get(msg.chat_id)
+            if lines is not None:
+                lines.append(msg.text)
+                del lines[:-MAX_PROGRESS_LINES]
+                self._broadcast(msg.chat_id, {"type": "progress", "text": msg.text})
+            return Delivery(ok=True)
+        text = msg.text
+        for item in msg.media:  # files the agent attached: named, not served
+            text += f"\n\n[attachment: {Path(item.path or item.url or '').name}]"
+        try:
+            entry, new = await self._log.add(
+                chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=text,
+                key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at)
+        except sqlite3.Error as exc:
+            return Delivery(ok=False, error=f"webchat log: {exc}")
+        if new:
+            self.last_outbound_at = _now()
+            self._broadcast(msg.chat_id, {"type": "message", "message": entry.to_json()})
+        return Delivery(ok=True, message_ids=(str(entry.seq),))
+
+    def activity(self, event: ChatActivity) -> None:
+        """A turn started or ended: the page shows "working…" (and progress lines) meanwhile."""
+        if event.busy:
+            self._busy[event.chat_id] = []
+        else:
+            self._busy.pop(event.chat_id, None)
+        self._broadcast(event.chat_id, {"type": "typing", "busy": event.busy})
+
+    def _broadcast(self, chat_id: str, frame: dict[str, Any]) -> None:
+        for sock in list(self._sockets.get(chat_id, ())):
+            sock.push(frame)
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _loopback_hosts_only(self, request: web.Request,
+                                   handler: Handler) -> web.StreamResponse:
+        if not host_allowed(request.host, allowed_origins=self.config.allowed_origins):
+            raise ApiError("host: only loopback names are served without "
+                           "channels.webchat.token", 403)
+        return await handler(request)
+
+    def _authorized(self, request: web.Request) -> bool:
+        if self._token is None:
+            return True
+        given = request.headers.get("Authorization", "").encode("utf-8", "backslashreplace")
+        return hmac.compare_digest(given, b"Bearer " + self._token)
+
+    def _require_token(self, request: web.Request) -> None:
+        if not self._authorized(request):
+            raise ApiError("authorization: missing or wrong token", 401)
+
+    async def _get_static(self, request: web.Request) -> web.Response:
+        body, mime = self._static[request.path]
+        return web.Response(body=body, content_type=mime, charset="utf-8",
+                            headers={"Cache-Control": "no-cache"})
+
+    async def _get_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "token_required": self._token is not None,
+            "max_text_chars": self.config.max_text_chars,
+            "max_image_bytes": self.config.max_image_bytes,
+            "max_frame_bytes": self._max_frame,
+            "image_types": list(IMAGE_TYPES),
+        })
+
+    async def _get_history(self, request: web.Request) -> web.Response:
+        self._require_token(request)
+        query = request.query
+        chat_id = check_chat_id(query.get("chat_id"))
+        after, before = query_uint(query, "after"), query_uint(query, "before")
+        if after is not None and before is not None:
+            raise ApiError("before: cannot be combined with after")
+        limit = query_uint(query, "limit") or self.config.history_limit
+        entries, more = await self._log.history(
+            chat_id, after=after, before=before, limit=min(limit, self.config.history_limit))
+        last = entries[-1].seq if entries else (after or 0)
+        return web.json_response({"messages": [e.to_json() for e in entries], "next": last,
+                                  "more": more, "busy": chat_id in self._busy})
+
+    async def _get_media(self, request: web.Request) -> web.StreamResponse:
+        self._require_token(request)
+        chat_id = check_chat_id(request.query.get("chat_id"))
+        name = request.match_info["name"]
+        image = await self._log.image_of(chat_id, name) if MEDIA_NAME.fullmatch(name) else None
+        path = self._media_dir / name
+        if image is None or not await asyncio.to_thread(path.is_file):
+            raise ApiError("name: no such image in this chat", 404)
+        return web.FileResponse(path, headers={"Content-Type": image["mime"],
+                                               "Cache-Control": "private, max-age=86400"})
+
+    # --- WebSocket --------------------------------------------------------------------------
+
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        chat_id = check_chat_id(request.query.get("chat_id"))
+        if not origin_allowed(request.headers.get("Origin"), scheme=request.scheme,
+                              host_header=request.host,
+                              allowed=self.config.allowed_origins):
+            _log.warning("webchat: refused a socket from origin %r",
+                         request.headers.get("Origin"))
+            raise ApiError("origin: this page's origin may not open the chat socket", 403)
+        if self._closing:
+            raise ApiError("gateway is shutting down", 503)
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=self._max_frame)
+        await ws.prepare(request)
+        if not self._authorized(request) and not await self._socket_auth(ws):
+            _log.warning("webchat: refused a socket with a missing or wrong token from %s",
+                         request.remote)
+            await ws.send_json(FrameError("token: missing or wrong").frame())
+            await ws.close(code=CLOSE_UNAUTHORIZED, message=b"token required")
+            return ws
+        if self._closing:  # stopped while this socket was authenticating
+            await ws.close(code=WSCloseCode.GOING_AWAY)
+            return ws
+        sock = _Socket(ws, chat_id)
+        self._sockets.setdefault(chat_id, set()).add(sock)
+        self._no_sockets.clear()
+        writer = asyncio.create_task(self._write(sock), name=f"webchat-writer:{chat_id}")
+        try:
+            sock.push({"type": "ready", "chat_id": chat_id, "busy": chat_id in self._busy,
+                       "progress": list(self._busy.get(chat_id, ()))})
+            async for frame in ws:
+                if frame.type == WSMsgType.TEXT:
+                    await self._on_frame(sock, frame.data)
+                elif frame.type == WSMsgType.BINARY:
+                    sock.push(FrameError("frame: must be JSON text").frame())
+        finally:
+            sock.close()
+            await asyncio.gather(writer, return_exceptions=True)
+            self._forget(sock)
+        return ws
+
+    async def _socket_auth(self, ws: web.WebSocketResponse) -> bool:
+        """The page's first frame is ``{"type": "auth", "token"}`` (never part of the URL)."""
+        assert self._token is not None
+        try:
+            frame = await ws.receive(timeout=AUTH_TIMEOUT)
+        except TimeoutError:
+            return False
+        if frame.type != WSMsgType.TEXT:
+            return False
+        try:
+            data = json.loads(frame.data)
+        except ValueError:
+            return False
+        token = data.get("token") if isinstance(data, dict) and data.get("type") == "auth" \
+            else None
+        return isinstance(token, str) and hmac.compare_digest(
+            token.encode("utf-8", "backslashreplace"), self._token)
+
+    async def _write(self, sock: _Socket) -> None:
+        try:
+            while (frame := await sock.queue.get()) is not None:
+                await sock.ws.send_json(frame)
+        except (ConnectionError, RuntimeError):
+            pass  # the page went away; it reads on from history when it comes back
+        finally:
+            sock.closing = True
+            code = WSCloseCode.GOING_AWAY if self._closing else WSCloseCode.TRY_AGAIN_LATER
+            await sock.ws.close(code=code)
+
+    def _forget(self, sock: _Socket) -> None:
+        sockets = self._sockets.get(sock.chat_id)
+        if sockets is not None:
+            sockets.discard(sock)
+            if not sockets:
+                del self._sockets[sock.chat_id]
+                lock = self._chat_locks.get(sock.chat_id)
+                if lock is not None and not lock.locked():
+                    del self._chat_locks[sock.chat_id]
+        if not self._sockets:
+            self._no_sockets.set()
+
+    async def _on_frame(self, sock: _Socket, raw: str) -> None:
+        data: dict[str, Any] = {}
+        try:
+            data = parse_frame(raw)
+            kind = data["type"]
+            if kind == "message":
+                msg = parse_message(data, chat_id=sock.chat_id,
+                                    max_text_chars=self.config.max_text_chars,
+                                    max_image_bytes=self.config.max_image_bytes)
+                lock = self._chat_locks.setdefault(sock.chat_id, asyncio.Lock())
+                async with lock:  # two tabs resending one message publish it once
+                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text, msg.image)
+            elif kind == "ping":
+                sock.push({"type": "pong"})
+            elif kind != "auth":  # a second auth frame (header already did it) is harmless
+                raise FrameError(f"type: unknown frame type {kind!r}")
+        except FrameError as exc:
+            sock.push(exc.frame())
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            _log.exception("webchat: a frame of chat %s failed", sock.chat_id)
+            message_id = data.get("message_id") if isinstance(data.get("message_id"), str) \
+                else None
+            sock.push(FrameError("internal error; the message is sent again after reconnecting",
+                                 message_id=message_id, retry=True).frame())
+
+    async def _accept(self, sock: _Socket, chat_id: str, message_id: str, text: str,
+                      image: ImageData | None) -> None:
+        """Log → publish → mark accepted → ack. A message logged but not yet accepted (the bus
+        closed under it) is published again when the page resends it."""
+        key = user_key(chat_id, message_id)
+        entry = await self._log.find(key)
+        if entry is not None and entry.accepted:
+            sock.push({"type": "ack", "message_id": message_id, "seq": entry.seq,
+                       "duplicate": True})
+            return
+        if self._closing or self._bus.closed:
+            raise FrameError("gateway is restarting; the message is sent again after it",
+                             message_id=message_id, retry=True)
+        if entry is None:
+            saved = await asyncio.to_thread(save_image, image, self._media_dir) \
+                if image else None
+            entry, _ = await self._log.add(
+                chat_id=chat_id, role="user", kind=_inbound_kind(text), text=text, key=key,
+                image=saved, message_id=message_id, accepted=False)
+        try:
+            await self._bus.publish_inbound(self._inbound(entry))
+        except BusClosed:
+            raise FrameError("gateway is restarting; the message is sent again after it",
+                             message_id=message_id, retry=True) from None
+        await self._log.mark_accepted(entry.seq)
+        entry = replace(entry, accepted=True)
+        self.last_inbound_at = _now()
+        sock.push({"type": "ack", "message_id": message_id, "seq": entry.seq,
+                   "duplicate": False})
+        self._broadcast(chat_id, {"type": "message", "message": entry.to_json()})
+
+    def _inbound(self, entry: LogEntry) -> InboundMessage:
+        media: tuple[Media, ...] = ()
+        if entry.image:
+            media = (Media(kind="image", path=str(self._media_dir / entry.image["name"]),
+                           mime=entry.image["mime"], size=entry.image["size"]),)
+        assert entry.message_id is not None
+        return InboundMessage(
+            channel=self.name, chat_id=entry.chat_id, sender_id=entry.chat_id,
+            text=entry.text, media=media, message_id=entry.message_id,
+            kind=_inbound_kind(entry.text),
+            received_at=datetime.fromisoformat(entry.created_at), chat_type="direct")
+
+
+def _inbound_kind(text: str) -> InboundKind:
+    """Slash commands typed in the box go through like any message; the agent answers them."""
+    return "command" if text.startswith("/") else "user"
+
+
+def create(deps: ChannelDeps) -> WebchatChannel:
+    """The gateway's factory for ``channels.webchat``."""
+    return WebchatChannel(deps.config.channels.webchat, deps.bus, deps.store,
+                          media_dir=deps.data_path / "media" / "webchat")
+

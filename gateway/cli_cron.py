@@ -1,0 +1,168 @@
+"""``parley cron add|list|remove|run``: scheduled jobs from the command line.
+
+Runs beside a live gateway: both open the same SQLite database and the gateway picks up a
+change within ``cron.poll_interval``, without a restart. Times are shown in each job's timezone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+# gateway.cli imports this module to register it: the rest is imported when a command runs.
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
+    show_default=False)]
+
+cron_app = typer.Typer(help="Scheduled reminders and tasks.", no_args_is_help=True)
+
+
+def _jobs(store: Any, config: Any) -> Any:
+    from gateway.clock import SystemClock
+    from gateway.cron import CronJobs
+
+    return CronJobs(store, clock=SystemClock(), timezone=config.cron_timezone,
+                    min_interval=config.cron.min_interval)
+
+
+async def _open(config: Any, fn: Any) -> Any:
+    """Like ``cli._with_store``, but creates the database: jobs may come before the gateway."""
+    from gateway.store import Store
+
+    store = await Store.open(config.db_path)
+    try:
+        jobs = _jobs(store, config)
+        await jobs.ensure()
+        return await fn(jobs)
+    finally:
+        await store.close()
+
+
+def _local(when: datetime | None, tz: str) -> str:
+    from gateway.schedule import zone
+
+    return f"{when.astimezone(zone(tz)):%Y-%m-%d %H:%M:%S %Z}" if when else "-"
+
+
+@cron_app.command("add")
+def cron_add(
+    name: Annotated[str, typer.Option("--name", help="A short name for the job.")],
+    message: Annotated[str, typer.Option("--message", "-m",
+                                         help="Reminder text, or the task's instruction.")],
+    at: Annotated[str | None, typer.Option(
+        "--at", help="Once: ISO time (naive: in --tz or cron.timezone), or a delay like 20m.")]
+    = None,
+    every: Annotated[str | None, typer.Option("--every", help="Repeat: 90s, 30m, 2h, 1d.")]
+    = None,
+    cron: Annotated[str | None, typer.Option("--cron", help="Repeat: a cron expression, "
+                                                            "e.g. '0 9 * * 1-5'.")] = None,
+    tz: Annotated[str | None, typer.Option("--tz", help="IANA timezone for --at and --cron.")]
+    = None,
+    kind: Annotated[str, typer.Option(
+        "--kind", help="reminder: send the text as is; task: run it through the agent.")]
+    = "reminder",
+    channel: Annotated[str | None, typer.Option("--channel", help="Target channel.")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Target chat id.")] = None,
+    config_path: ConfigOpt = None,
+) -> None:
+    """Add a job; it runs in the gateway (a running one picks it up without a restart)."""
+    from gateway.cli import _fail, _load, _run, err, out
+    from gateway.cron import NewJob
+    from gateway.schedule import ScheduleError
+
+    config = _load(config_path)
+    given = [(k, v) for k, v in (("at", at), ("every", every), ("cron", cron)) if v]
+    if len(given) != 1:
+        raise _fail("give exactly one of --at, --every or --cron")
+    if kind not in ("reminder", "task"):
+        raise _fail(f"--kind {kind!r}: reminder or task")
+    if not channel or not to:
+        raise _fail("give the target chat: --channel CHANNEL --to CHAT_ID "
+                    "(e.g. --channel telegram --to 123456789)")
+    section = getattr(config.channels, channel, None)
+    if section is None or not getattr(section, "enabled", False):
+        err.print(f"warning: channel {channel!r} is not enabled in {config.source}; the job's "
+                  "deliveries will fail until it is", highlight=False, markup=False)
+    if not config.cron.enabled:
+        err.print("warning: cron.enabled is false; the gateway will not run this job",
+                  highlight=False, markup=False)
+    (schedule_kind, spec), = given
+    new = NewJob(name=name, message=message, schedule_kind=schedule_kind, schedule=spec,
+                 channel=channel, chat_id=to, kind=kind,  # type: ignore[arg-type]
+                 tz=tz, created_by="cli")
+
+    async def fn(jobs: Any) -> Any:
+        return await jobs.add(new)
+
+    try:
+        job = _run(_open(config, fn))
+    except ScheduleError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"added {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
+              f"{_local(job.next_run, job.schedule.tz)} → {job.target}", highlight=False)
+
+
+@cron_app.command("list")
+def cron_list(config_path: ConfigOpt = None) -> None:
+    """Jobs with their next run, last run and delivery status."""
+    from gateway.cli import _load, _run, out
+
+    config = _load(config_path)
+
+    async def fn(jobs: Any) -> Any:
+        return await jobs.jobs()
+
+    found = _run(_open(config, fn))
+    if not found:
+        out.print("no scheduled jobs", highlight=False)
+        return
+    table = Table("id", "name", "kind", "schedule", "target", "next run", "last run", "status",
+                  "delivery")
+    for job in found:
+        tz = job.schedule.tz
+        last = job.last
+        status = last.status if last else "-"
+        if last is not None and last.detail and status in ("missed", "failed"):
+            status = f"{status}: {last.detail}"
+        table.add_row(job.id, job.name, job.kind, job.schedule.describe(), job.target,
+                      _local(job.next_run, tz) if job.enabled else "done",
+                      _local(last.run_at, tz) if last else "-", status,
+                      last.delivery if last else "-")
+    out.print(table)
+
+
+@cron_app.command("remove")
+def cron_remove(job_id: Annotated[str, typer.Argument(help="The job's id (see `list`).")],
+                config_path: ConfigOpt = None) -> None:
+    """Delete a job and its run history."""
+    from gateway.cli import _fail, _load, _run, out
+
+    config = _load(config_path)
+
+    async def fn(jobs: Any) -> Any:
+        return await jobs.remove(job_id)
+
+    if not _run(_open(config, fn)):
+        raise _fail(f"no job {job_id!r} (see `parley cron list`)")
+    out.print(f"removed {job_id}", highlight=False)
+
+
+@cron_app.command("run")
+def cron_run(job_id: Annotated[str, typer.Argument(help="The job's id (see `list`).")],
+             config_path: ConfigOpt = None) -> None:
+    """Run a job once now, beside its schedule (the running gateway does it)."""
+    from gateway.cli import _fail, _load, _run, out
+
+    config = _load(config_path)
+
+    async def fn(jobs: Any) -> Any:
+        return await jobs.request_run(job_id)
+
+    if not _run(_open(config, fn)):
+        raise _fail(f"no job {job_id!r} (see `parley cron list`)")
+    out.print(f"run of {job_id} requested: the gateway runs it within "
+              f"{config.cron.poll_interval:g}s (or when it next starts)", highlight=False)

@@ -1,0 +1,78 @@
+"""``parley pairing list|approve``: the owner's side of pairing (see ``gateway/pairing.py``).
+
+Runs beside a live gateway: both open the same SQLite database, and the gateway reads the
+approval on the user's next message.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gateway.pairing import PairingStore, normalize_code
+
+# gateway.cli imports this module to register it, so its helpers are imported when a command
+# runs, not at import time.
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
+    show_default=False)]
+
+pairing_app = typer.Typer(help="Let new people talk to the bot (dm_policy: pairing).",
+                          no_args_is_help=True)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@pairing_app.command("list")
+def pairing_list(
+    channel: Annotated[str | None, typer.Argument(help="Only this channel (telegram, ...).")]
+    = None,
+    config_path: ConfigOpt = None,
+) -> None:
+    """Pending codes and approved users."""
+    from gateway.cli import _load, _run, _with_store, out
+
+    config = _load(config_path)
+
+    async def fn(store: Any) -> tuple[list[Any], list[Any]]:
+        pairing = PairingStore(store)
+        return await pairing.pending(channel), await pairing.approvals(channel)
+
+    pending, approved = _run(_with_store(config, fn))
+    table = Table("channel", "code", "user id", "name", "expires", title="Pending")
+    for p in pending:
+        table.add_row(p.channel, p.code, p.user_id, p.user_name or "", _when(p.expires_at))
+    out.print(table if pending else "no pending codes", highlight=False)
+    table = Table("channel", "user id", "name", "approved", title="Approved")
+    for a in approved:
+        table.add_row(a.channel, a.user_id, a.user_name or "", _when(a.approved_at))
+    out.print(table if approved else "no approved users", highlight=False)
+
+
+@pairing_app.command("approve")
+def pairing_approve(
+    channel: Annotated[str, typer.Argument(help="The channel the code came from: telegram, ...")],
+    code: Annotated[str, typer.Argument(help="The 8-character code the user was given.")],
+    config_path: ConfigOpt = None,
+) -> None:
+    """Approve the user who was given CODE; they are served from their next message."""
+    from gateway.cli import _fail, _load, _run, _with_store, out
+
+    config = _load(config_path)
+
+    async def fn(store: Any) -> Any:
+        return await PairingStore(store).approve(channel, code)
+
+    approval = _run(_with_store(config, fn))
+    if approval is None:
+        raise _fail(f"no pending code {normalize_code(code)!r} on {channel} (it may have "
+                    f"expired after an hour; see `parley pairing list`)")
+    who = f"{approval.user_name} (id {approval.user_id})" if approval.user_name \
+        else f"user {approval.user_id}"
+    out.print(f"approved {who} on {channel}", highlight=False)

@@ -1,0 +1,84 @@
+"""``ChannelManager.deliver_now``: the message tool's delivery, with the real result."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from channels.base import Delivery
+from gateway.bus import MessageBus
+from gateway.config import DeliveryConfig
+from gateway.delivery import ChannelManager
+from gateway.events import OutboundMessage
+from gateway.store import Store
+from tests.e2e.test_durability import ScriptedChannel
+
+
+@pytest.fixture
+async def manager(tmp_path: Path) -> AsyncIterator[ChannelManager]:
+    store = await Store.open(tmp_path / "parley.db")
+    bus = MessageBus()
+    bus.attach_store(store, DeliveryConfig().ttl)
+    mgr = ChannelManager(bus, DeliveryConfig(backoff=0.001, max_backoff=0.01))
+    mgr.add(ScriptedChannel())
+    await mgr.start(store)
+    yield mgr
+    await mgr.stop()
+    await store.close()
+
+
+def msg(text: str = "hi") -> OutboundMessage:
+    return OutboundMessage(channel="platform", chat_id="c1", text=text)
+
+
+async def status(mgr: ChannelManager, m: OutboundMessage) -> tuple[str, int, str | None]:
+    assert mgr.store is not None
+    row = await mgr.store.fetchone(
+        "SELECT status, attempts, last_error FROM outbox WHERE idempotency_key = ?",
+        (m.idempotency_key,))
+    return row[0], row[1], row[2]
+
+
+def platform(mgr: ChannelManager) -> ScriptedChannel:
+    channel = mgr.channels["platform"]
+    assert isinstance(channel, ScriptedChannel)
+    return channel
+
+
+async def test_delivered_after_a_quick_retry(manager: ChannelManager) -> None:
+    platform(manager).results = [Delivery(ok=False, error="HTTP 502")]
+    m = msg()
+    delivery = await manager.deliver_now(m)
+    assert delivery.ok
+    assert [s.text for s in platform(manager).sent] == ["hi"]
+    assert await status(manager, m) == ("delivered", 2, None)
+
+
+async def test_a_permanent_failure_is_reported_at_once_and_never_sent_later(
+        manager: ChannelManager) -> None:
+    platform(manager).results = [Delivery(ok=False, error="chat not found", permanent=True)]
+    m = msg()
+    delivery = await manager.deliver_now(m)
+    assert (delivery.ok, delivery.error) == (False, "chat not found")
+    assert platform(manager).tries == 1
+    assert await status(manager, m) == ("dead", 1, "chat not found")
+    assert manager.store is not None
+    assert await manager.store.outbox_pending() == []
+
+
+async def test_gives_up_after_the_last_try(manager: ChannelManager) -> None:
+    platform(manager).results = [Delivery(ok=False, error="HTTP 500")] * 5
+    m = msg()
+    delivery = await manager.deliver_now(m, attempts=3)
+    assert (delivery.ok, delivery.error) == (False, "HTTP 500")
+    assert platform(manager).tries == 3
+    assert await status(manager, m) == ("dead", 3, "HTTP 500")
+
+
+async def test_a_channel_that_is_not_running(manager: ChannelManager) -> None:
+    m = OutboundMessage(channel="discord", chat_id="c1", text="hi")
+    delivery = await manager.deliver_now(m)
+    assert not delivery.ok and "no channel 'discord'" in (delivery.error or "")
+    assert (await status(manager, m))[0] == "dead"
