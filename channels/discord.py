@@ -1,0 +1,473 @@
+"""The Discord channel: discord.py 2, its client run as a task inside the gateway's event loop.
+
+Connection. ``start()`` logs in over REST (a refused token stops the gateway with a clear
+message; an unreachable Discord does not: it keeps trying, and status says down), runs
+``client.connect()`` in an owned task and waits up to ``connect_timeout`` for READY. Discord
+refusing the Message Content intent (close code 4014) stops the gateway with the name of the
+portal switch. Reconnects and RESUMEs are discord.py's: a resumed session gets every event it
+missed. When a session cannot be resumed Discord replays nothing, so after any fresh session
+but the first the channels the bot heard from recently are read back over REST, and what was
+said meanwhile is still answered (once: message ids are remembered, and the durable inbox
+de-duplicates too). A watchdog closes a connection whose heartbeats go unacknowledged for
+``watchdog`` seconds (a zombie connection: discord.py then resumes), and ``status()`` says
+degraded while the gateway is down or silent.
+
+API base. discord.py keeps its REST base (``Route.BASE``) and its gateway URL
+(``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are
+set in one place, ``_login()``, right before login (the gateway URL from that server's
+``GET /gateway``), and restored on stop. Two Discord channels with different ``api_base`` in
+one process are therefore not supported.
+
+Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
+the message and one owned worker (``discord_inbound``) handles messages in arrival order:
+translation in ``discord_convert``, who is served in ``discord_access``. Output lives in
+``discord_outbound``. Replies go out over REST, which does not
+need the gateway: an answer produced while the gateway reconnects is sent all the same, and
+when REST fails too the outbox retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yarl
+
+from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.discord_convert import (
+    NAME,
+    TEXT_LIMIT,
+    SecretFilter,
+    allowed_mentions,
+    discord,
+)
+from channels.discord_inbound import Inbound
+from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
+from channels.sent_parts import SentParts
+from gateway.bus import MessageBus
+from gateway.config import DiscordChannelConfig
+from gateway.events import ChatActivity, OutboundMessage, utcnow
+from gateway.pairing import PairingStore
+from gateway.store import Store
+
+_log = logging.getLogger(__name__)
+
+Route = discord.http.Route
+DiscordWebSocket = discord.gateway.DiscordWebSocket
+DEFAULT_API_BASE = Route.BASE
+DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
+IDENTIFY_DELAY = 5.0
+"""Seconds to wait before an IDENTIFY that is not the first (Discord allows one per 5 s)."""
+MAX_TYPING_SECONDS = 600.0
+PORTAL_SWITCH = (
+    "Discord refused the privileged Message Content intent. Open "
+    "https://discord.com/developers/applications → your application → Bot → Privileged "
+    "Gateway Intents, switch on MESSAGE CONTENT INTENT, save, and start the gateway again")
+
+
+class DiscordChannelError(Exception):
+    """The channel cannot start (the token or the Message Content intent was refused)."""
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts else None
+
+
+def gateway_intents() -> discord.Intents:
+    """Server messages, DMs and their content (privileged: the portal switch must be on)."""
+    intents = discord.Intents.none()
+    intents.guilds = True
+    intents.guild_messages = True
+    intents.dm_messages = True
+    intents.message_content = True
+    return intents
+
+
+def _point_library_at(api_base: str, gateway: yarl.URL) -> None:
+    """discord.py's REST base and gateway URL: class attributes, global to the process."""
+    Route.BASE = api_base
+    DiscordWebSocket.DEFAULT_GATEWAY = gateway
+
+
+def _heartbeat_ack_age(client: discord.Client) -> float | None:
+    """Seconds since the gateway last acknowledged a heartbeat; None when not connected.
+
+    discord.py keeps this on its keep-alive thread and offers no public hook for it.
+    """
+    keep_alive = getattr(client.ws, "_keep_alive", None) if client.ws is not None else None
+    last = getattr(keep_alive, "_last_ack", None)
+    return time.perf_counter() - last if isinstance(last, float) else None
+
+
+class _Client(discord.Client):
+    """discord.py's client with its events handed to the channel."""
+
+    def __init__(self, owner: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self._owner = owner
+
+    async def before_identify_hook(self, shard_id: int | None, *,
+                                   initial: bool = False) -> None:
+        if not initial:
+            await asyncio.sleep(IDENTIFY_DELAY)
+
+    async def on_connect(self) -> None:
+        await self._owner._gateway_up(resumed=False)
+
+    async def on_resumed(self) -> None:
+        await self._owner._gateway_up(resumed=True)
+
+    async def on_disconnect(self) -> None:
+        await self._owner._gateway_down()
+
+    async def on_message(self, message: discord.Message) -> None:
+        self._owner._received(message)
+
+    async def on_socket_event_type(self, event_type: str) -> None:
+        self._owner._saw_event()
+
+
+class DiscordChannel:
+    name = NAME
+    hints = ChannelHints(
+        markup="Discord markdown, shown natively (bold, italic, underline __x__, "
+               "strikethrough, inline code, code blocks with a language, links, lists, quotes, "
+               "# headings, ||spoilers||); no tables: use a code block",
+        max_length=TEXT_LIMIT,
+        etiquette="In servers each message starts with [display name]; answer whoever "
+                  "addressed you, briefly. Mentions in your text do not notify anyone.")
+
+    def __init__(self, config: DiscordChannelConfig, *, bus: MessageBus, store: Store,
+                 workspace: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        """``workspace``: attachments are saved under its ``inbox/``; ``clock`` (monotonic
+        seconds) drives the typing cap."""
+        if config.token is None:
+            raise DiscordChannelError("channels.discord.token is required")
+        self.config = config
+        if config.allow_mentions:
+            self.hints = replace(self.hints, etiquette=self.hints.etiquette.replace(
+                "Mentions in your text do not notify anyone.",
+                "Mentions (<@user id>) notify that person; @everyone and @here never do."))
+        self._token = config.token.get_secret_value()
+        self._bus = bus
+        self._clock = clock
+        self.pairing = PairingStore(store)
+        self._sent = SentParts(store, NAME)
+        self._filter = SecretFilter(self._token)
+        self._client: _Client | None = None
+        self._logged_in = False
+        self._outbound = Outbound(self._live_client, self._sent, config, self._token)
+        self._inbound = Inbound(config, bus=bus, pairing=self.pairing, outbound=self._outbound,
+                                client=self._live_client, inbox_dir=workspace / "inbox",
+                                on_handled=self._notify)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._busy: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._ready = asyncio.Event()
+        self._settled = asyncio.Event()
+        """Set once there is news for ``start()``: connected, refused, or Discord unreachable."""
+        self._running = False
+        self._stopped = False
+        self._pointed = False
+        self._connected = False
+        self._sessions = 0
+        self.fatal: str | None = None
+        self.last_event: datetime | None = None
+        self.disconnects = 0
+        self.resumes = 0
+        self.catch_ups = 0
+        self.watchdog_restarts = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._stopped = False
+        self.fatal = None
+        self._sessions = 0
+        self._ready.clear()
+        self._settled.clear()
+        self._redact_logs(True)
+        await self.pairing.setup()
+        await self._sent.setup()
+        self._running = True
+        runner = self._runner = self._spawn(self._run(), "discord-gateway")
+        self._spawn(self._inbound.run(), "discord-inbound")
+        self._spawn(self._watchdog(), "discord-watchdog")
+        waiter = asyncio.create_task(self._settled.wait(), name="discord-wait-ready")
+        try:
+            await asyncio.wait({runner, waiter}, timeout=self.config.connect_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+        if runner.done() and self.fatal is not None:
+            error = self.fatal
+            await self.stop()
+            raise DiscordChannelError(error)
+        if not self._ready.is_set():
+            _log.warning("discord: not connected yet; still trying (status shows it)")
+        else:
+            _log.info("discord channel started as %s", self._bot_name())
+
+    async def stop(self) -> None:
+        """Safe to call twice, and on a channel that never started."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._running = False
+        if self._runner is not None:  # first, so that it makes no new client meanwhile
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        client, self._client = self._client, None
+        if client is not None:
+            await self._close_client(client)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._typing.clear()
+        self._busy.clear()
+        self._logged_in = False
+        self._connected = False
+        if self._pointed:
+            _point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
+            self._pointed = False
+        self._redact_logs(False)
+        await self._notify()
+
+    async def _close_client(self, client: _Client) -> None:
+        try:
+            async with asyncio.timeout(10.0):
+                await client.close()
+        except Exception:
+            _log.exception("discord: client did not close cleanly")
+        # discord.py leaves its READY bookkeeping task (``_delay_ready``, waiting for more
+        # GUILD_CREATEs) pending when the client closes within seconds of connecting.
+        ready_task = getattr(client._connection, "_ready_task", None)
+        if isinstance(ready_task, asyncio.Task):
+            ready_task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _redact_logs(self, on: bool) -> None:
+        """Filter discord.py's loggers (a filter applies to its own logger only, not children)."""
+        names = {"discord", *(n for n in logging.Logger.manager.loggerDict
+                              if n.startswith("discord."))}
+        for name in names:
+            logger = logging.getLogger(name)
+            (logger.addFilter if on else logger.removeFilter)(self._filter)
+
+    def _new_client(self) -> _Client:
+        # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.
+        discord.VoiceClient.warn_nacl = False
+        discord.VoiceClient.warn_dave = False
+        return _Client(self, intents=gateway_intents(), chunk_guilds_at_startup=False,
+                       allowed_mentions=allowed_mentions(
+                           allow_mentions=self.config.allow_mentions,
+                           reply_ping=self.config.reply_ping))
+
+    def _live_client(self) -> discord.Client | None:
+        client = self._client
+        if client is None or not self._logged_in or client.is_closed():
+            return None
+        return client
+
+    # --- the connection -------------------------------------------------------------------------
+
+    async def _login(self, client: _Client) -> None:
+        """Point discord.py at ``api_base`` (and that server's gateway), then log in."""
+        base = self.config.api_base
+        _point_library_at(base, DEFAULT_GATEWAY)
+        self._pointed = base != DEFAULT_API_BASE
+        await client.login(self._token)
+        if self._pointed:
+            data = await client.http.request(Route("GET", "/gateway"))
+            if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+                raise discord.GatewayNotFound()
+            _point_library_at(base, yarl.URL(data["url"]))
+
+    async def _run(self) -> None:
+        """Log in (retrying while Discord is unreachable), then discord.py's connect loop."""
+        backoff = Backoff()
+        try:
+            while True:
+                client = self._client = self._new_client()
+                try:
+                    await self._login(client)
+                    break
+                except discord.LoginFailure:
+                    await client.close()
+                    raise DiscordChannelError(
+                        f"channels.discord.token was refused by Discord at "
+                        f"{self.config.api_base} (copy it again from the developer portal: "
+                        "Bot → Reset Token)") from None
+                except SEND_ERRORS as exc:
+                    await client.close()
+                    delay = backoff.next()
+                    _log.warning("discord: cannot log in yet (%s: %s); retry in %.1fs",
+                                 type(exc).__name__, exc, delay)
+                    self._settled.set()  # the gateway need not wait for Discord to come back
+                    await asyncio.sleep(delay)
+            self._logged_in = True
+            await client.connect(reconnect=True)
+        except discord.PrivilegedIntentsRequired:
+            await self._fail(PORTAL_SWITCH)
+        except DiscordChannelError as exc:
+            await self._fail(str(exc))
+        except discord.ConnectionClosed as exc:
+            await self._fail(f"Discord closed the gateway connection for good (code "
+                             f"{exc.code}: {exc.reason or 'no reason given'})")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.exception("discord: the gateway connection failed")
+            await self._fail(f"the gateway connection failed: {type(exc).__name__}: {exc}")
+
+    async def _fail(self, error: str) -> None:
+        self.fatal = error
+        self._connected = False
+        self._settled.set()
+        _log.error("discord: %s", error)
+        await self._notify()
+
+    async def _gateway_up(self, *, resumed: bool) -> None:
+        self._connected = True
+        if resumed:
+            self.resumes += 1
+        else:
+            self._sessions += 1
+            if self._sessions > 1:  # a fresh session: Discord replayed nothing
+                self._spawn(self._catch_up(), "discord-catch-up")
+        self._ready.set()
+        self._settled.set()
+        await self._notify()
+
+    async def _gateway_down(self) -> None:
+        if self._connected:
+            self.disconnects += 1
+        self._connected = False
+        await self._notify()
+
+    def _saw_event(self) -> None:
+        self.last_event = utcnow()
+
+    def _received(self, message: discord.Message) -> None:
+        if not self._stopped:
+            self._inbound.put(message)
+
+    async def _watchdog(self) -> None:
+        """Close a connection whose heartbeats go unacknowledged (discord.py then resumes)."""
+        limit = self.config.watchdog
+        while True:
+            await asyncio.sleep(min(5.0, limit / 4))
+            client = self._client
+            if client is None or not self._connected or client.ws is None:
+                continue
+            age = _heartbeat_ack_age(client)
+            if age is not None and age > limit:
+                _log.warning("discord: no heartbeat acknowledged for %.1fs; reconnecting", age)
+                self.watchdog_restarts += 1
+                try:
+                    await client.ws.close(code=4000)
+                except Exception as exc:  # already closing: discord.py reconnects anyway
+                    _log.debug("discord: closing the silent connection failed: %s", exc)
+                await self._notify()
+
+    async def _catch_up(self) -> None:
+        self.catch_ups += 1
+        await self._inbound.catch_up()
+
+    # --- status ---------------------------------------------------------------------------------
+
+    def _bot_name(self) -> str | None:
+        user = self._client.user if self._client is not None else None
+        return f"@{user.name}" if user is not None else None
+
+    def status(self) -> ChannelStatus:
+        client = self._client
+        age = _heartbeat_ack_age(client) if client is not None and self._connected else None
+        stale = age is not None and age > self.config.watchdog
+        up = self._running and self._connected and not stale
+        latency = client.latency if client is not None and self._connected else math.inf
+        detail: dict[str, object] = {
+            "bot": self._bot_name(), "connected": self._running and self._connected,
+            "degraded": self._running and not up,
+            "latency_ms": round(latency * 1000) if math.isfinite(latency) else None,
+            "last_heartbeat_ack_s": round(age, 1) if age is not None else None,
+            "last_event": _iso(self.last_event),
+            "last_inbound": _iso(self._inbound.last_inbound),
+            "last_send_ok": _iso(self._outbound.last_send_ok),
+            "disconnects": self.disconnects, "resumes": self.resumes,
+            "catch_ups": self.catch_ups, "watchdog_restarts": self.watchdog_restarts,
+            "error": self.fatal}
+        return ChannelStatus(running=up, detail=detail)
+
+    async def wait_until(self, predicate: Callable[[DiscordChannel], bool],
+                         timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait for a change of state (connects, messages handled) that makes ``predicate``
+        true."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # --- outbound -------------------------------------------------------------------------------
+
+    async def send(self, msg: OutboundMessage) -> Delivery:
+        return await self._outbound.send(msg)
+
+    # --- typing ---------------------------------------------------------------------------------
+
+    def activity(self, event: ChatActivity) -> None:
+        """While a chat's turn runs, show "typing…" (Discord shows it for ~10 s per call)."""
+        if not self._running or event.channel != NAME:
+            return
+        key = event.thread_id or event.chat_id
+        count = self._busy.get(key, 0) + (1 if event.busy else -1)
+        if count > 0:
+            self._busy[key] = count
+            if key not in self._typing:
+                self._typing[key] = self._spawn(self._keep_typing(key), f"discord-typing:{key}")
+            return
+        self._busy.pop(key, None)
+        task = self._typing.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    async def _keep_typing(self, target: str) -> None:
+        deadline = self._clock() + MAX_TYPING_SECONDS
+        try:
+            while self._clock() < deadline:
+                client = self._live_client()
+                if client is not None and target.isdigit():
+                    try:
+                        await client.get_partial_messageable(int(target)).typing()
+                    except SEND_ERRORS as exc:
+                        _log.debug("discord: typing failed: %s", exc)
+                await asyncio.sleep(self.config.typing_interval)
+        finally:
+            if self._typing.get(target) is asyncio.current_task():
+                del self._typing[target]
+
+
+def create(deps: ChannelDeps) -> DiscordChannel:
+    """The gateway's factory for ``channels.discord``."""
+    return DiscordChannel(deps.config.channels.discord, bus=deps.bus, store=deps.store,
+                          workspace=deps.config.workspace_path)

@@ -1,0 +1,371 @@
+"""Translation between discord.py objects and Parley's events, as pure functions.
+
+``describe()`` is the one function that reads a ``discord.Message``: it copies what Parley
+needs into an ``Incoming`` (plain data). Every rule after that (who addressed the bot, what
+the agent reads, which session a message belongs to, how a reply is cut into messages, which
+error is worth a retry) works on plain values and is tested without a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mimetypes
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+with warnings.catch_warnings():
+    # discord.py's voice player imports ``audioop``, deprecated since Python 3.11 (we use no
+    # voice). Every module of ours that uses discord.py imports it through this one.
+    warnings.filterwarnings("ignore", message="'audioop' is deprecated",
+                            category=DeprecationWarning)
+    import discord
+
+from channels.base import Delivery
+from channels.chunking import chunk_markdown
+from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
+
+NAME = "discord"
+TEXT_LIMIT = 2000
+"""Discord's limit for one message's content, in characters."""
+IMAGE_MIMES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Pictures the model is shown; other files are saved and referenced by path."""
+QUOTE_CHARS = 300
+_SYSTEM_FREE = frozenset({discord.MessageType.default, discord.MessageType.reply})
+
+
+# --- one message, as plain data -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AttachmentRef:
+    """A file attached to a message, before it is downloaded."""
+
+    id: str
+    filename: str
+    size: int
+    mime: str | None
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    id: str
+    channel_id: str
+    """Where it was posted: the thread's own id for a message in a thread."""
+    guild_id: str | None
+    parent_id: str | None
+    """The channel a thread belongs to; None outside threads."""
+    author_id: str
+    author_name: str
+    author_is_bot: bool
+    content: str
+    created_at: datetime
+    mentions: tuple[tuple[str, str], ...] = ()
+    """(user id, display name) of every user mentioned."""
+    role_mentions: tuple[str, ...] = ()
+    role_names: tuple[tuple[str, str], ...] = ()
+    reply_to: str | None = None
+    reply_author_id: str | None = None
+    reply_author_name: str | None = None
+    reply_text: str | None = None
+    attachments: tuple[AttachmentRef, ...] = ()
+    stickers: tuple[str, ...] = ()
+    system: bool = False
+    """A join, pin, thread-created... notice, not something anyone said."""
+
+    @property
+    def direct(self) -> bool:
+        return self.guild_id is None
+
+
+def display_name(user: discord.abc.User) -> str:
+    """Server nickname, else the global display name, else the username."""
+    return user.display_name.strip() or user.name
+
+
+def describe(message: discord.Message, *, parent_id: int | None = None) -> Incoming:
+    """``parent_id``: the parent channel when the message was posted in a thread."""
+    guild = message.guild
+    ref = message.reference
+    resolved = ref.resolved if ref is not None else None
+    reply_author = resolved.author if isinstance(resolved, discord.Message) else None
+    role_ids = sorted({r.id for r in message.role_mentions} | set(message.raw_role_mentions))
+    roles = [guild.get_role(r) for r in role_ids] if guild is not None else []
+    return Incoming(
+        id=str(message.id), channel_id=str(message.channel.id),
+        guild_id=str(guild.id) if guild is not None else None,
+        parent_id=str(parent_id) if parent_id is not None else None,
+        author_id=str(message.author.id), author_name=display_name(message.author),
+        author_is_bot=message.author.bot or message.webhook_id is not None,
+        content=message.content, created_at=message.created_at,
+        mentions=tuple((str(u.id), display_name(u)) for u in message.mentions),
+        role_mentions=tuple(str(r) for r in role_ids),
+        role_names=tuple((str(r.id), r.name) for r in roles if r is not None),
+        reply_to=str(ref.message_id) if ref is not None and ref.message_id else None,
+        reply_author_id=str(reply_author.id) if reply_author is not None else None,
+        reply_author_name=display_name(reply_author) if reply_author is not None else None,
+        reply_text=resolved.content if isinstance(resolved, discord.Message) else None,
+        attachments=tuple(AttachmentRef(str(a.id), a.filename, a.size, a.content_type, a.url)
+                          for a in message.attachments),
+        stickers=tuple(s.name for s in message.stickers),
+        system=message.type not in _SYSTEM_FREE)
+
+
+# --- who spoke, where, and to whom ----------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    chat_id: str
+    thread_id: str | None
+    chat_type: ChatType
+
+
+def place_of(inc: Incoming) -> Place:
+    """DMs and channels are ``discord:<channel_id>``; a thread is its parent's chat with the
+    thread as ``thread_id`` (``discord:<parent_id>:<thread_id>``)."""
+    if inc.direct:
+        return Place(inc.channel_id, None, "direct")
+    if inc.parent_id is not None:
+        return Place(inc.parent_id, inc.channel_id, "group")
+    return Place(inc.channel_id, None, "group")
+
+
+@dataclass(frozen=True, slots=True)
+class Addressed:
+    mention: bool = False
+    reply: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.mention or self.reply
+
+
+def addressing(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> Addressed:
+    """Mentioned (``<@id>``, or a role the bot has), or a reply to one of the bot's messages.
+
+    Another bot (with ``allow_bots``) addresses us only by mentioning us: a reply alone does
+    not count, or two bots that reply to each other would never stop.
+    """
+    roles = set(bot_roles)
+    mention = any(uid == bot_id for uid, _ in inc.mentions) or bool(
+        roles.intersection(inc.role_mentions)) or _mention_pattern(bot_id).search(
+        inc.content) is not None
+    reply = inc.reply_author_id == bot_id and not inc.author_is_bot
+    return Addressed(mention=mention, reply=reply)
+
+
+def _mention_pattern(user_id: str) -> re.Pattern[str]:
+    return re.compile(rf"<@!?{re.escape(user_id)}>")
+
+
+def readable_text(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
+    """The content as a person reads it: the bot's own mention (user or role) removed, other
+    mentions as ``@Name``."""
+    text = _mention_pattern(bot_id).sub("", inc.content)
+    for role in bot_roles:
+        text = text.replace(f"<@&{role}>", "")
+    stripped = text != inc.content
+    names = dict(inc.mentions)
+    text = re.sub(r"<@!?(\d+)>", lambda m: f"@{names.get(m.group(1), 'someone')}", text)
+    roles = dict(inc.role_names)
+    text = re.sub(r"<@&(\d+)>", lambda m: f"@{roles.get(m.group(1), 'role')}", text)
+    text = re.sub(r"[ \t]{2,}", " ", text).strip()
+    return text.lstrip(",:").strip() if stripped else text
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def reply_context(inc: Incoming, bot_id: str) -> str | None:
+    """What the user replied to, so "what does this mean?" has its "this"."""
+    if inc.reply_to is None or inc.reply_text is None:
+        return None
+    who = "you" if inc.reply_author_id == bot_id else inc.reply_author_name or "someone"
+    return f'[Replying to {who}: "{_shorten(inc.reply_text, QUOTE_CHARS) or "(attachment)"}"]'
+
+
+def message_text(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
+    """What the agent reads: the readable text plus what it replied to and stickers."""
+    body = readable_text(inc, bot_id=bot_id, bot_roles=bot_roles)
+    if body.startswith("/"):
+        return body  # a command stays a command, even when sent as a reply
+    lines = [line for line in (reply_context(inc, bot_id), body) if line]
+    lines.extend(f"[sticker {name}]" for name in inc.stickers)
+    return "\n".join(lines)
+
+
+def to_inbound(inc: Incoming, *, text: str, media: tuple[Media, ...] = (),
+               mentioned: bool = False, context_only: bool = False) -> InboundMessage:
+    place = place_of(inc)
+    return InboundMessage(
+        channel=NAME, chat_id=place.chat_id, sender_id=inc.author_id,
+        sender_name=inc.author_name, text=text, media=media, message_id=inc.id,
+        thread_id=place.thread_id, chat_type=place.chat_type, mentioned=mentioned,
+        reply_to=inc.reply_to, received_at=inc.created_at,
+        kind="command" if text.startswith("/") else "user",
+        metadata={CONTEXT_ONLY: True} if context_only else {})
+
+
+# --- media in -------------------------------------------------------------------------------------
+
+def media_kind(mime: str | None) -> MediaKind:
+    if mime in IMAGE_MIMES:
+        return "image"
+    head = (mime or "").split("/", 1)[0]
+    return head if head in ("audio", "video") else "file"  # type: ignore[return-value]
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def stored_name(message_id: str, index: int, filename: str) -> str:
+    """``<message id>-<n>-<name>``: unique, and safe as a file name on any system."""
+    name = _UNSAFE.sub("_", filename).strip("._") or "file"
+    if len(name) > 80:
+        stem, dot, suffix = name.rpartition(".")
+        name = (stem[:70] + dot + suffix[:9]) if dot and len(suffix) < 10 else name[:80]
+    return f"{message_id}-{index}-{name}"
+
+
+def attachment_mime(ref: AttachmentRef) -> str | None:
+    return ref.mime.split(";")[0].strip() if ref.mime else mimetypes.guess_type(ref.filename)[0]
+
+
+def human_size(size: int) -> str:
+    """``512 bytes``, ``2 KB``, ``25 MB``, ``25.3 MB``."""
+    if size < 1024:
+        return f"{size} bytes"
+    value, unit = (size / 1024, "KB") if size < 1024 * 1024 else (size / 1024 / 1024, "MB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def too_big_note(ref: AttachmentRef, limit: int) -> str:
+    return (f'[The user attached "{ref.filename}" ({human_size(ref.size)}), which was not '
+            f"downloaded: it is over the {human_size(limit)} limit.]")
+
+
+def too_big_reply(refs: Sequence[AttachmentRef], limit: int) -> str:
+    names = ", ".join(f"{r.filename} ({human_size(r.size)})" for r in refs)
+    which = "that file is" if len(refs) == 1 else "those files are"
+    return f"Sorry, {which} too big for me: {names}. I can take files up to {human_size(limit)}."
+
+
+# --- replies out --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    media: Media
+
+
+Part = TextPart | FilePart
+
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)
+_MASS_MENTION = re.compile(r"@(everyone|here)\b")
+
+
+def neutralise_mass_mentions(text: str) -> str:
+    """``@everyone``/``@here`` outside code get a zero-width space, so they never read as a
+    ping even where ``allowed_mentions`` is not honoured (a copy, a forward)."""
+    out: list[str] = []
+    pos = 0
+    for match in _CODE.finditer(text):
+        out.append(_MASS_MENTION.sub("@\u200b\\1", text[pos:match.start()]))
+        out.append(match.group())
+        pos = match.end()
+    out.append(_MASS_MENTION.sub("@\u200b\\1", text[pos:]))
+    return "".join(out)
+
+
+def plan_parts(text: str, media: Sequence[Media], limit: int = TEXT_LIMIT) -> list[Part]:
+    """One Discord message per part, in order: text chunks (cut at paragraphs or lines, never
+    inside a code block), then one message per file. The same input always gives the same
+    parts, so a retry resumes after the parts already sent."""
+    parts: list[Part] = [TextPart(c) for c in
+                         chunk_markdown(neutralise_mass_mentions(text), limit)]
+    parts.extend(FilePart(m) for m in media)
+    return parts
+
+
+def nonce_for(idempotency_key: str, part: int) -> str:
+    """Discord's ``nonce`` (at most 25 characters) with ``enforce_nonce``: a part sent again
+    within minutes (its answer lost on the way) returns the message already created."""
+    return hashlib.blake2b(f"{idempotency_key}:{part}".encode(), digest_size=12).hexdigest()
+
+
+def allowed_mentions(*, allow_mentions: bool, reply_ping: bool) -> discord.AllowedMentions:
+    """Never @everyone/@here; users and roles only when allowed; the replied-to user pinged
+    only with ``reply_ping``."""
+    if allow_mentions:
+        return discord.AllowedMentions(everyone=False, users=True, roles=True,
+                                       replied_user=reply_ping)
+    mentions = discord.AllowedMentions.none()
+    mentions.replied_user = reply_ping
+    return mentions
+
+
+def is_too_large(exc: discord.HTTPException) -> bool:
+    return exc.status == 413 or exc.code == 40005
+
+
+def map_errors(exc: BaseException, secrets: Iterable[str] = ()) -> Delivery:
+    """Every error a send can raise → what the delivery worker should do about it.
+
+    discord.py already waited out 429s (its rate limiter) and retried 500/502/504 a few times;
+    what reaches us is worth an outbox retry only when Discord or the network may recover.
+    """
+    text = redact(f"{type(exc).__name__}: {exc}", secrets)
+    if isinstance(exc, discord.RateLimited):
+        return Delivery(ok=False, error=text, retry_after=exc.retry_after)
+    if isinstance(exc, discord.HTTPException):
+        if exc.status == 429:  # without Discord's own headers: Cloudflare, wait a while
+            return Delivery(ok=False, error=text, retry_after=_retry_after(exc) or 60.0)
+        if exc.status >= 500:
+            return Delivery(ok=False, error=text)
+        if exc.status in (400, 401, 403, 404, 413):
+            return Delivery(ok=False, error=text, permanent=True)  # malformed, gone, forbidden
+    return Delivery(ok=False, error=text)  # 5xx, network errors, timeouts: worth another try
+
+
+def _retry_after(exc: discord.HTTPException) -> float | None:
+    try:
+        return float(exc.response.headers.get("Retry-After", ""))
+    except (AttributeError, ValueError):
+        return None
+
+
+# --- secrets --------------------------------------------------------------------------------------
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[token]")
+    return text
+
+
+class SecretFilter(logging.Filter):
+    """Rewrites log records that contain the bot token (discord.py logs gateway payloads)."""
+
+    def __init__(self, *secrets: str) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message, self.secrets)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, self.secrets)
+        return True

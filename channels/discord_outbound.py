@@ -1,0 +1,194 @@
+"""Discord output: replies cut into parts and sent in order, files, and channel notices.
+
+A reply is planned into parts (``plan_parts``: chunks of at most 2000 characters, then one
+message per file). Every part Discord accepted is recorded in ``SentParts`` before the next is
+sent, so a retry of the same ``OutboundMessage`` (after an error, or a restart) resumes at the
+first part not yet delivered. Each part also carries a ``nonce`` derived from the message's
+idempotency key with ``enforce_nonce``: when Discord created a message but its answer was lost
+on the way, the retry gets that message back instead of a second copy.
+
+The first part replies to the user's message (a message reference; the author is pinged only
+with ``reply_ping``), threads are answered in the thread, and ``allowed_mentions`` keeps the
+model's text from pinging anyone unless ``allow_mentions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from channels.base import Delivery
+from channels.discord_convert import (
+    FilePart,
+    Part,
+    TextPart,
+    allowed_mentions,
+    discord,
+    human_size,
+    is_too_large,
+    map_errors,
+    nonce_for,
+    plan_parts,
+    redact,
+)
+from channels.sent_parts import SentParts
+from gateway.config import DiscordChannelConfig
+from gateway.events import OutboundMessage, utcnow
+
+_log = logging.getLogger(__name__)
+
+SEND_ERRORS = (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError)
+"""What a REST call through discord.py raises when Discord or the network fails."""
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Jittered exponential delays, 0.5 s doubling up to 30 s."""
+
+    delay: float = 0.5
+
+    def next(self) -> float:
+        value, self.delay = self.delay, min(self.delay * 2, 30.0)
+        return value * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.delay = 0.5
+
+
+def _snowflake(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+class Outbound:
+    def __init__(self, client: Callable[[], discord.Client | None], sent: SentParts,
+                 config: DiscordChannelConfig, token: str) -> None:
+        """``client()``: the logged-in client, or None while there is none."""
+        self._client = client
+        self._sent = sent
+        self.config = config
+        self._secrets = (token,)
+        self._mentions = allowed_mentions(allow_mentions=config.allow_mentions,
+                                          reply_ping=config.reply_ping)
+        self.last_send_ok: datetime | None = None
+
+    async def send(self, msg: OutboundMessage) -> Delivery:
+        if msg.kind == "progress" or (not msg.text.strip() and not msg.media):
+            return Delivery(ok=True)
+        target = _snowflake(msg.thread_id) or _snowflake(msg.chat_id)
+        if target is None:
+            return Delivery(ok=False, error=f"{msg.chat_id!r} is not a Discord channel id",
+                            permanent=True)
+        client = self._client()
+        if client is None:
+            return Delivery(ok=False, error="not logged in to Discord yet", retry_after=5.0)
+        key = msg.idempotency_key
+        done = await self._sent.sent(key)
+        parts = plan_parts(msg.text, msg.media)
+        where = client.get_partial_messageable(target)
+        for index in range(len(done), len(parts)):
+            reply_to = _snowflake(msg.reply_to) if index == 0 else None
+            reference = discord.MessageReference(
+                message_id=reply_to, channel_id=target,
+                fail_if_not_exists=False) if reply_to else None
+            try:
+                sent = await self._send_part(where, parts[index], reference,
+                                             nonce_for(key, index))
+            except SEND_ERRORS as exc:
+                delivery = map_errors(exc, self._secrets)
+                _log.warning("discord: part %d/%d to channel %s failed: %s", index + 1,
+                             len(parts), target, delivery.error)
+                return delivery
+            await self._sent.record(key, index, str(sent.id), msg.chat_id)
+            done.append(str(sent.id))
+            self.last_send_ok = utcnow()
+        return Delivery(ok=True, message_ids=tuple(done))
+
+    async def _send_part(self, where: discord.PartialMessageable, part: Part,
+                         reference: discord.MessageReference | None,
+                         nonce: str) -> discord.Message:
+        if isinstance(part, TextPart):
+            return await self._post(where, part.content, reference=reference, nonce=nonce)
+        return await self._send_file(where, part, reference, nonce)
+
+    async def _post(self, where: discord.PartialMessageable, content: str | None = None, *,
+                    file: discord.File | None = None,
+                    reference: discord.MessageReference | None = None,
+                    nonce: str | None = None) -> discord.Message:
+        options: dict[str, Any] = {"allowed_mentions": self._mentions}
+        if file is not None:
+            options["file"] = file
+        if reference is not None:
+            options["reference"] = reference
+        if nonce is not None:
+            options["nonce"] = nonce
+        return await where.send(content, **options)
+
+    async def _send_file(self, where: discord.PartialMessageable, part: FilePart,
+                         reference: discord.MessageReference | None,
+                         nonce: str) -> discord.Message:
+        media = part.media
+        if media.url is not None:  # Discord shows a preview of the link
+            return await self._post(where, media.url, reference=reference, nonce=nonce)
+        path = Path(media.path or "")
+        limit = self.config.max_media_bytes
+        data = await asyncio.to_thread(_read_small, path, limit)
+        if data is None:
+            problem = "not found"
+        elif isinstance(data, int):
+            problem = f"too big to send (over {human_size(limit)})"
+        else:
+            try:
+                file = discord.File(io.BytesIO(data), filename=path.name)
+                return await self._post(where, file=file, reference=reference, nonce=nonce)
+            except discord.HTTPException as exc:
+                if not is_too_large(exc):
+                    raise
+                problem = "too big for this Discord server"
+        return await self._post(where, f"(Could not attach {path.name}: {problem}.)",
+                                reference=reference, nonce=nonce)
+
+    async def notice(self, channel_id: str, reply_to: str | None, text: str) -> None:
+        """A plain message from the channel itself (pairing, refusals): best effort, 3 tries."""
+        client = self._client()
+        target = _snowflake(channel_id)
+        if client is None or target is None:
+            return
+        where = client.get_partial_messageable(target)
+        ref = _snowflake(reply_to)
+        reference = discord.MessageReference(message_id=ref, channel_id=target,
+                                             fail_if_not_exists=False) if ref else None
+        backoff = Backoff()
+        for _ in range(3):
+            try:
+                await self._post(where, text, reference=reference)
+                return
+            except discord.HTTPException as exc:
+                if exc.status < 500:
+                    _log.warning("discord: notice refused: %s",
+                                 redact(str(exc), self._secrets))
+                    return
+                delay = backoff.next()
+            except SEND_ERRORS as exc:
+                _log.warning("discord: notice failed: %s", redact(str(exc), self._secrets))
+                delay = backoff.next()
+            await asyncio.sleep(delay)
+
+
+def _read_small(path: Path, limit: int) -> bytes | int | None:
+    """The file's bytes; its size when over ``limit``; None when it is not there."""
+    try:
+        if not path.is_file():
+            return None
+        size = path.stat().st_size
+        return size if size > limit else path.read_bytes()
+    except OSError:
+        return None
