@@ -1,0 +1,148 @@
+"""Context build time and prompt tokens by stored session size (item 4), in-process.
+
+Sessions of 10, 1,000 and 10,000 stored messages are written through ``gateway.store.Store``
+into a fresh database; then each iteration does what ``AgentLoop._turn`` does before calling
+the model: ``Store.recent_messages(session, max_recent_messages)`` and ``ContextBuilder.build``,
+with the config ``parley onboard`` writes, the default workspace and the default tools.
+
+The history is a plausible chat: a short question and a longer answer per turn, and every
+fifth turn a ``read_file`` call with a ~1,500-character result.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.budget import TokenCounter
+from bench import MODEL
+from bench.stats import summary_ms
+
+QUESTION = ("Could you look at item {i} again and tell me whether the numbers from last week "
+            "still add up, and what I should change before Friday?")
+ANSWER = ("Item {i} still adds up: the totals match the figures you sent last week, with one "
+          "exception. The shipping line is counted twice in the second table, which inflates "
+          "the sum by about four percent. Before Friday, remove the duplicate row, re-run the "
+          "summary and send the corrected sheet to the team; nothing else needs to change.")
+FILE_TEXT = "\n".join(f"line {n}: the quarterly figures for region {n % 7} are on track"
+                      for n in range(1, 26))
+
+
+def _turn_messages(i: int) -> list[dict[str, Any]]:
+    user = {"role": "user", "content": QUESTION.format(i=i)}
+    if i % 5:
+        return [user, {"role": "assistant", "content": ANSWER.format(i=i)}]
+    call_id = f"call_{i}"
+    return [user,
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": "read_file", "arguments": '{"path": "notes.md"}'}}]},
+            {"role": "tool", "tool_call_id": call_id, "name": "read_file", "content": FILE_TEXT},
+            {"role": "assistant", "content": ANSWER.format(i=i)}]
+
+
+def _history(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    i = 0
+    while len(out) < n:
+        out += _turn_messages(i)
+        i += 1
+    return out[:n]
+
+
+def _config(root: Path) -> Any:
+    from gateway.cli import ONBOARD_CONFIG
+    from gateway.config import parse_config
+    from workspace.bootstrap import seed_workspace
+
+    data = yaml.safe_load(ONBOARD_CONFIG.format(workspace=root / "workspace",
+                                                data_dir=root / "data"))
+    seed_workspace(root / "workspace")
+    env = {"PARLEY_MODEL": MODEL, "PARLEY_API_BASE": "http://127.0.0.1:9/v1"}
+    return parse_config(data, env=env, path=root / "config.yaml")
+
+
+def _registry_options(build_registry: Any, config: Any) -> dict[str, Any]:
+    """The keyword options ``build_registry`` takes that the agent config has (``memory``,
+    ``timezone``, ...), so this follows the gateway as its signature grows."""
+    names = list(inspect.signature(build_registry).parameters)[1:]
+    return {n: getattr(config.agent, n) for n in names if hasattr(config.agent, n)}
+
+
+async def _fill(store: Any, counter: TokenCounter, session_id: int, n: int) -> None:
+    from gateway.store import NewMessage
+
+    counts: dict[str, int] = {}
+
+    def tokens(m: dict[str, Any]) -> int:  # counted once per distinct body, as stored
+        key = repr(sorted(m.items()))
+        if key not in counts:
+            counts[key] = counter.count_message(m)
+        return counts[key]
+
+    history = _history(n)
+    for start in range(0, n, 1000):
+        chunk = [NewMessage(m, tokens(m)) for m in history[start:start + 1000]]
+        await store.save_turn(session_id=session_id, turn_id=f"fill-{session_id}-{start}",
+                              inbound_id=None, messages=chunk)
+
+
+async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[str, Any]:
+    from agent.context import ContextBuilder
+    from agent.provider import context_window
+    from agent.tools import build_registry
+    from channels.local import LocalChannel, make_inbound
+    from gateway.store import Store
+
+    config = _config(root)
+    counter = TokenCounter(config.agent.model)
+    registry = build_registry(config.agent.tools, **_registry_options(build_registry, config))
+    tools_tokens = counter.count_tools(registry.schemas())
+    window = None
+    if config.agent.context.max_context_tokens is None:
+        window = context_window(config.agent.model)
+    builder = ContextBuilder(config, counter, window=window)
+    limit = config.agent.context.max_recent_messages
+    store = await Store.open(config.db_path)
+    out: dict[str, Any] = {"max_recent_messages": limit,
+                           "max_context_tokens": builder.max_context_tokens, "sizes": {}}
+    try:
+        for size in sizes:
+            key = f"local:ctx-{size}"
+            session = await store.active_session(key)
+            await _fill(store, counter, session.id, size)
+            fetch: list[float] = []
+            build: list[float] = []
+            total: list[float] = []
+            built = None
+            for i in range(iterations + 10):
+                inbound = make_inbound(f"ctx-{size}", f"hello again, message {i}")
+                t0 = time.perf_counter()
+                history = await store.recent_messages(session.id, limit)
+                t1 = time.perf_counter()
+                built = builder.build(inbound=inbound, history=history,
+                                      hints=LocalChannel.hints, tools_tokens=tools_tokens,
+                                      session_key=key, turn_id=f"t{i}")
+                t2 = time.perf_counter()
+                if i >= 10:  # the first builds read the workspace files
+                    fetch.append(t1 - t0)
+                    build.append(t2 - t1)
+                    total.append(t2 - t0)
+            assert built is not None
+            snap = built.snapshot
+            out["sizes"][str(size)] = {
+                "stored_messages": size,
+                "recent_messages": summary_ms(fetch), "build": summary_ms(build),
+                "total": summary_ms(total),
+                "prompt_tokens": snap.get("total_tokens"),
+                "messages_in_prompt": len(built.messages),
+                "history_kept": snap.get("sources", {}).get("history_kept"),
+                "trimmed": snap.get("trimmed"),
+            }
+    finally:
+        await store.close()
+    return out

@@ -1,0 +1,175 @@
+"""Targets, the table printed at the end, and the JSON report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Check:
+    item: str
+    figure: str
+    value: float | None
+    shown: str
+    target: str
+    ok: bool | None
+    """None: reported for information, no target."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"item": self.item, "figure": self.figure, "value": self.value,
+                "shown": self.shown, "target": self.target,
+                "result": "info" if self.ok is None else ("PASS" if self.ok else "MISS")}
+
+
+def _get(data: dict[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def checks(r: dict[str, Any]) -> list[Check]:
+    out: list[Check] = []
+
+    def add(item: str, figure: str, value: float | None, fmt: str, target: str,
+            test: Callable[[float], bool] | None) -> None:
+        if value is None:  # its section did not run
+            out.append(Check(item, figure, None, "not measured", target, None))
+            return
+        out.append(Check(item, figure, value, fmt.format(value), target,
+                         None if test is None else bool(test(value))))
+
+    hello = _get(r, "floor.hello_request.p50_ms")
+    same = _get(r, "floor.plain_turn_request.p50_ms")
+    tool_floor = _get(r, "floor.tool_turn_p50_sum_ms")
+    plain = _get(r, "turns.plain.latency.p50_ms")
+    tool = _get(r, "turns.tool.latency.p50_ms")
+    hist = _get(r, "floor.plain_turn_request.messages")
+    add("1", "floor: bare litellm call p50, the first \"hello\" request", hello, "{:.2f} ms",
+        "", None)
+    add("1", "floor: the same, streamed", _get(r, "floor.hello_request_streamed.p50_ms"),
+        "{:.2f} ms", "", None)
+    add("1", "floor: one short message (non-streamed / streamed)",
+        _get(r, "floor.one_message.p50_ms"),
+        "{:.2f} ms / " + f"{_get(r, 'floor.one_message_streamed.p50_ms')} ms", "", None)
+    add("1", "floor: bare HTTP round trip (aiohttp, hello body)",
+        _get(r, "floor.bare_http_hello.p50_ms"), "{:.2f} ms", "", None)
+    add("1", f"floor: the gateway's last plain request replayed ({hist} messages)", same,
+        "{:.2f} ms", "", None)
+    add("1", "floor: the two requests of a one-tool turn replayed (sum)", tool_floor,
+        "{:.2f} ms", "", None)
+    add("1", "plain turn p50 / p95", plain, "{:.2f} ms / " + str(
+        _get(r, "turns.plain.latency.p95_ms")) + " ms", "", None)
+    add("1", "plain turn p50 / floor (same request replayed)",
+        plain / same if plain and same else None, "{:.2f}×", "≤ 1.5×", lambda v: v <= 1.5)
+    add("1", "plain turn p50 / floor (hello request)",
+        plain / hello if plain and hello else None, "{:.2f}×", "≤ 1.5×", lambda v: v <= 1.5)
+    add("1", "one-tool turn p50 / p95", tool, "{:.2f} ms / " + str(
+        _get(r, "turns.tool.latency.p95_ms")) + " ms", "", None)
+    add("1", "one-tool turn p50 / floor (its two requests replayed)",
+        tool / tool_floor if tool and tool_floor else None, "{:.2f}×", "≤ 1.5×",
+        lambda v: v <= 1.5)
+    add("1", "one-tool turn p50 / (2 × hello floor)",
+        tool / (2 * hello) if tool and hello else None, "{:.2f}×", "≤ 1.5×",
+        lambda v: v <= 1.5)
+    for kind in ("plain", "tool"):
+        add("1", f"{kind} turn: model call as the gateway timed it (p50)",
+            _get(r, f"turns.{kind}.gateway_llm_call.p50_ms"), "{:.2f} ms", "", None)
+        add("1", f"{kind} turn: gateway CPU per turn",
+            _get(r, f"turns.{kind}.cpu_ms_per_turn.gateway"), "{:.1f} ms", "", None)
+    for kind in ("plain", "tool"):
+        change = _get(r, f"turns.{kind}.first_vs_last.change")
+        first = _get(r, f"turns.{kind}.first_vs_last.first_p50_ms")
+        last = _get(r, f"turns.{kind}.first_vs_last.last_p50_ms")
+        edge = _get(r, f"turns.{kind}.first_vs_last.edge")
+        add("2", f"{kind}: last-{edge} p50 vs first-{edge} p50 ({first} → {last} ms)",
+            change * 100 if change is not None else None, "{:+.1f} %", "≤ +10 %",
+            lambda v: v <= 10)
+        settled = _get(r, f"turns.{kind}.settled_vs_last")
+        if settled:
+            add("2", f"{kind}: last-{edge} vs turns {settled['turns']}, history window full "
+                f"({settled['p50_ms']} → {settled['last_p50_ms']} ms)",
+                settled["change"] * 100, "{:+.1f} %", "", None)
+    for chats in ("1", "10", "100"):
+        tps = _get(r, f"throughput.{chats}.turns_per_s")
+        add("3", f"throughput, {chats} concurrent chat(s)", tps, "{:.1f} turns/s",
+            "≥ 200 turns/s" if chats == "100" else "",
+            (lambda v: v >= 200) if chats == "100" else None)
+    cpu100 = _get(r, "throughput.100.cpu_ms_per_turn.gateway")
+    busy100 = _get(r, "throughput.100.cpu_share_of_wall.gateway")
+    add("3", f"100 chats: gateway CPU per turn (gateway busy {busy100} of one core)", cpu100,
+        "{:.2f} ms", "", None)
+    add("3", "100 chats: ceiling of one busy core at that CPU per turn",
+        1000 / cpu100 if cpu100 else None, "{:.0f} turns/s", "", None)
+    add("3", "throughput, 100 chats × 1,000 sessions (item 5's run)",
+        _get(r, "memory.load.turns_per_s"), "{:.1f} turns/s", "", None)
+    failed = sum(int(_get(r, f"throughput.{c}.turns_failed") or 0) for c in ("1", "10", "100"))
+    failed += int(_get(r, "memory.load.turns_failed") or 0)
+    add("3", "turns not answered (all load runs)", failed, "{:.0f}", "0", lambda v: v == 0)
+    sizes = _get(r, "context.sizes") or {}
+    for size, data in sizes.items():
+        add("4", f"context build p50, {int(size):,} stored messages "
+            f"({data['prompt_tokens']:,} prompt tokens)", data["total"]["p50_ms"], "{:.2f} ms",
+            "≤ 2 ms" if size == "10000" else "", (lambda v: v <= 2) if size == "10000" else None)
+    if "1000" in sizes and "10000" in sizes:
+        ratio = sizes["10000"]["total"]["p50_ms"] / sizes["1000"]["total"]["p50_ms"]
+        add("4", "context build p50: 10,000 vs 1,000 stored messages", (ratio - 1) * 100,
+            "{:+.1f} %", "flat (≤ +20 %)", lambda v: v <= 20)
+    mem = r.get("memory") or {}
+    add("5", "RSS after start (healthy) / ready (one turn, litellm loaded)",
+        mem.get("rss_after_healthy_kb", 0) / 1024 if mem else None,
+        "{:.0f} MB / " + f"{mem.get('rss_ready_kb', 0) / 1024:.0f} MB", "", None)
+    add("5", f"peak RSS after {mem.get('sessions', 0):,} sessions × "
+        f"{mem.get('turns_per_session', 0)} turns",
+        mem.get("peak_rss_kb", 0) / 1024 if mem else None, "{:.0f} MB", "", None)
+    add("5", "RSS growth per idle session", mem.get("growth_kb_per_session"), "{:.1f} KB",
+        "≤ 10 KB", lambda v: v <= 10)
+    add("5", "RSS slope per session (first → last tenth of the run)",
+        mem.get("slope_kb_per_session"), "{:.1f} KB", "", None)
+    add("6", "start → healthy (median)", _get(r, "startup.healthy_s_median"), "{:.2f} s",
+        "≤ 4 s", lambda v: v <= 4)
+    add("6", "start → first reply (median)", _get(r, "startup.first_reply_s_median"),
+        "{:.2f} s", "", None)
+    req = r.get("request") or {}
+    add("7", f"first \"hello\": tokens (cl100k), {req.get('tools', 0)} tool schemas included",
+        _get(r, "request.tokens_cl100k.total"), "{:,.0f}", "≤ 3,000", lambda v: v <= 3000)
+    add("7", "first \"hello\": tokens (o200k)", _get(r, "request.tokens_o200k.total"), "{:,.0f}",
+        "", None)
+    add("7", "first \"hello\": request bytes", req.get("bytes"), "{:,.0f} B", "", None)
+    return out
+
+
+def noise(r: dict[str, Any]) -> list[str]:
+    """Runs taken while other work kept the machine busy (a shared machine)."""
+    found: list[tuple[str, float]] = []
+    for kind in ("plain", "tool"):
+        found.append((f"{kind} turns", _get(r, f"turns.{kind}.others_cpu_cores") or 0.0))
+    for chats in ("1", "10", "100"):
+        found.append((f"{chats} chat(s)", _get(r, f"throughput.{chats}.others_cpu_cores") or 0.0))
+    found.append(("1,000 sessions", _get(r, "memory.load.others_cpu_cores") or 0.0))
+    return [f"{name}: other work used {cores:.2f} CPU cores" for name, cores in found
+            if cores >= 0.3]
+
+
+def print_table(results: list[Check], console: Console, title: str) -> None:
+    table = Table(title=title, show_lines=False, title_justify="left")
+    for col in ("#", "figure", "value", "target", "result"):
+        table.add_column(col, justify="right" if col == "value" else "left")
+    style = {True: "[green]PASS[/green]", False: "[red]MISS[/red]", None: ""}
+    for c in results:
+        table.add_row(c.item, c.figure, c.shown, c.target, style[c.ok])
+    console.print(table)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

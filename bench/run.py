@@ -1,0 +1,253 @@
+"""``python -m bench [--quick] [--profile] [--only SECTION ...]``: every measurement, a table
+with targets, and ``bench/results/latest.json``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench import context_build, floor, memory, request_size, startup
+from bench.client import LocalClient, expect
+from bench.gateway_db import llm_latencies
+from bench.harness import PROTOTYPES
+from bench.load import concurrent_chats
+from bench.procs import ROOT, GatewayProcess, ModelServer
+from bench.report import checks, noise, print_table, write_json
+from bench.turns import series
+
+SECTIONS = ("context", "startup", "turns", "memory")
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    turns: int
+    floor_calls: int
+    load_seconds: float
+    mem_sessions: int
+    mem_turns: int
+    ctx_iterations: int
+    startup_runs: int
+
+
+FULL = Sizes(turns=200, floor_calls=200, load_seconds=10.0, mem_sessions=1000, mem_turns=10,
+             ctx_iterations=200, startup_runs=3)
+QUICK = Sizes(turns=60, floor_calls=60, load_seconds=3.0, mem_sessions=200, mem_turns=5,
+              ctx_iterations=50, startup_runs=1)
+
+
+def _say(text: str) -> None:
+    console.print(f"[dim]{datetime.now(UTC).strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
+
+
+_AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _autogroup_nice() -> int | None:
+    try:
+        return int(_AUTOGROUP.read_text(encoding="ascii").split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _set_autogroup_nice(nice: int) -> None:
+    try:
+        _AUTOGROUP.write_text(str(nice), encoding="ascii")
+    except OSError as exc:
+        console.print(f"[yellow]could not set the autogroup's nice value: {exc}[/yellow]")
+
+
+def _renice(nice: int) -> int | None:
+    """Our processes at ``nice``; children (model server, gateways, py-spy) inherit it. With
+    autogroup scheduling (Linux's default for desktop and container sessions) niceness only
+    weighs within a session's group, so the group's nice value is set too; it is shared with
+    the shell that started us, so the old value is returned, to be put back."""
+    os.nice(nice)
+    before = _autogroup_nice()
+    if before is not None:
+        _set_autogroup_nice(nice)
+    return before
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict[str, Any]:
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                         "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "platform": platform.platform(), "code": str(ROOT),
+            "versions": {n: version(n) for n in ("litellm", "aiohttp", "openai", "httpx",
+                                                 "aiosqlite", "tiktoken")}}
+
+
+async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
+                        results: dict[str, Any], profile: bool) -> None:
+    gateway = GatewayProcess(root / "gateway", server.base_url)
+    gateway.start()
+    try:
+        async with LocalClient(gateway.base_url) as client:
+            _say("7: the first \"hello\" of a fresh gateway")
+            _, record = await client.turn("hello", "hello")
+            expect(record, "hello")
+            last = server.last_request()
+            results["request"] = request_size.measure(last["body"], last["bytes"])
+            _say("warm-up: 20 turns")
+            for i in range(10):
+                for text in (f"warm-up {i}", f"tool: warm-up {i}"):
+                    _, record = await client.turn("warm-up", text)
+                    expect(record, text)
+            turns: dict[str, Any] = {}
+            replays: dict[str, Any] = {}
+            for kind, prefix in (("plain", "plain"), ("tool", "tool:")):
+                _say(f"1, 2: {sizes.turns} {kind} turns in one session")
+                chat = f"series-{kind}"
+                turns[kind] = await series(client, gateway, server, chat, prefix, sizes.turns)
+                turns[kind]["gateway_llm_call"] = llm_latencies(
+                    gateway.root / "data" / "parley.db", f"local:{chat}")
+                replays[kind] = [r["body"] for r in server.recent_requests(
+                    1 if kind == "plain" else 2)]
+            results["turns"] = turns
+            _say(f"1: the floor, {sizes.floor_calls} bare litellm calls per variant")
+            results["floor"] = await floor.measure(
+                server.base_url, hello=last["body"], plain=replays["plain"][0],
+                tool=replays["tool"], n=sizes.floor_calls)
+            results["throughput"] = {}
+            for chats in (1, 10, 100):
+                _say(f"3: {chats} concurrent chat(s) for {sizes.load_seconds:g} s")
+                results["throughput"][str(chats)] = await concurrent_chats(
+                    client, gateway, server, chats=chats, seconds=sizes.load_seconds,
+                    tag=f"load{chats}")
+            if profile:
+                from bench import profile as prof
+
+                results["profile"] = await prof.gateway_profiles(client, gateway, server, root,
+                                                                 sizes)
+        results["gateway_memory_after_turns_kb"] = gateway.memory()
+    finally:
+        gateway.stop()
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    sizes = QUICK if args.quick else FULL
+    only = set(args.only or SECTIONS)
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"), "mode":
+        "quick" if args.quick else "full", "sizes": sizes.__dict__, "machine": machine(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0), "prototype": args.prototype,
+        "setup": {"model_server": "separate process (bench.llm_server: ScriptedLLM)",
+                  "gateway": "separate process (parley gateway, onboard config)",
+                  "client": "this process (aiohttp, long poll waiting before each POST)"}}
+    results["loadavg_start"] = _loadavg()
+    section_s: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="parley-bench-") as tmp:
+        root = Path(tmp)
+        server = ModelServer.start()
+        try:
+            if "context" in only:
+                _say("4: context build, 10 / 1,000 / 10,000 stored messages")
+                t = time.perf_counter()
+                results["context"] = await context_build.measure(
+                    root / "context", (10, 1000, 10_000), sizes.ctx_iterations)
+                section_s["context"] = time.perf_counter() - t
+            if "startup" in only:
+                _say(f"6: start → healthy, {sizes.startup_runs} run(s)")
+                t = time.perf_counter()
+                results["startup"] = await startup.measure(root, server, sizes.startup_runs)
+                section_s["startup"] = time.perf_counter() - t
+            if "turns" in only:
+                t = time.perf_counter()
+                await turns_section(root, server, sizes, results, args.profile)
+                section_s["turns"] = time.perf_counter() - t
+            if "memory" in only:
+                _say(f"5: RSS, {sizes.mem_sessions:,} sessions × {sizes.mem_turns} turns, "
+                     "100 concurrent chats")
+                t = time.perf_counter()
+                gateway = GatewayProcess(root / "memory", server.base_url)
+                gateway.start()
+                try:
+                    results["memory"] = await memory.measure(
+                        gateway, server, sessions=sizes.mem_sessions, turns=sizes.mem_turns,
+                        concurrency=100)
+                finally:
+                    gateway.stop()
+                section_s["memory"] = time.perf_counter() - t
+                if args.profile:
+                    from bench import profile as prof
+
+                    _say("profiling memory: tracemalloc in the gateway")
+                    t = time.perf_counter()
+                    results["memory_profile"] = await prof.memory_profile(
+                        server, root, sessions=max(20, sizes.mem_sessions // 20),
+                        turns=sizes.mem_turns)
+                    section_s["memory_profile"] = time.perf_counter() - t
+        finally:
+            server.stop()
+    results["loadavg_end"] = _loadavg()
+    results["section_seconds"] = {k: round(v, 1) for k, v in section_s.items()}
+    results["total_seconds"] = round(time.perf_counter() - started, 1)
+    found = checks(results)
+    results["checks"] = [c.as_dict() for c in found]
+    out = Path(args.out)
+    write_json(out, results)
+    title = (f"Parley benchmarks ({results['mode']}, {results['machine']['cpus']} CPUs, "
+             f"{results['total_seconds']} s"
+             + (f", prototype {args.prototype}" if args.prototype else "") + ")")
+    print_table(found, Console(width=max(Console().width, 130)), title)
+    for line in noise(results):
+        console.print(f"[yellow]noisy:[/yellow] {line}", highlight=False)
+    console.print(f"JSON report: {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer turns and sessions")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the gateway with py-spy (needs py-spy installed)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "latest.json"))
+    parser.add_argument("--prototype", choices=sorted(PROTOTYPES),
+                        help="run every gateway with a prototype fix (bench.harness) to "
+                             "measure an 'after' beside the 'before'")
+    parser.add_argument("--nice", type=int, default=0, metavar="N",
+                        help="run the benchmark, model server and gateways at this niceness "
+                             "(negative, as root, to measure on a machine others are using)")
+    args = parser.parse_args(argv)
+    if args.prototype:
+        GatewayProcess.prototype = args.prototype
+    autogroup = _renice(args.nice) if args.nice else None
+    try:
+        return asyncio.run(main_async(args))
+    finally:
+        if autogroup is not None:
+            _set_autogroup_nice(autogroup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

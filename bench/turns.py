@@ -1,0 +1,60 @@
+"""Turn latency in one long session (items 1 and 2) and the gateway's CPU per turn.
+
+Turns run one after another in one chat, so each figure is one turn's latency with nothing
+else in flight. CPU per turn is the gateway process's utime+stime over the series divided by
+its turns (the model server's and this client's CPU are reported beside it), and
+``others_cpu_cores`` the machine's busy CPU that none of them used (see ``bench.load``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench.client import LocalClient, expect
+from bench.procs import (
+    GatewayProcess,
+    ModelServer,
+    cpu_seconds,
+    machine_cpu_seconds,
+    own_cpu_seconds,
+)
+from bench.stats import percentile, summary_ms
+
+
+async def series(client: LocalClient, gateway: GatewayProcess, server: ModelServer,
+                 chat_id: str, prefix: str, n: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    cpu0, srv0, own0 = gateway.cpu(), cpu_seconds(server.pid), own_cpu_seconds()
+    busy0 = machine_cpu_seconds()[0]
+    started = time.perf_counter()
+    for i in range(n):
+        text = f"{prefix} turn {i} of the benchmark"
+        seconds, record = await client.turn(chat_id, text)
+        expect(record, text)
+        latencies.append(seconds)
+    wall = time.perf_counter() - started
+    gw, srv, own = gateway.cpu() - cpu0, cpu_seconds(server.pid) - srv0, own_cpu_seconds() - own0
+    others = max(machine_cpu_seconds()[0] - busy0 - gw - srv - own, 0.0) / wall
+    edge = max(1, min(20, n // 5))
+    first, last = latencies[:edge], latencies[-edge:]
+    first_p50, last_p50 = percentile(first, 0.5), percentile(last, 0.5)
+    settled = None
+    if n >= 30 + 2 * edge:  # once the history window (50 messages) is full
+        mid_p50 = percentile(latencies[30:30 + edge], 0.5)
+        settled = {"turns": f"{31}-{30 + edge}", "p50_ms": round(mid_p50 * 1000, 3),
+                   "last_p50_ms": round(last_p50 * 1000, 3),
+                   "change": round(last_p50 / mid_p50 - 1, 4)}
+    return {
+        "chat_id": chat_id, "turns": n, "wall_s": round(wall, 3),
+        "latency": summary_ms(latencies),
+        "first_vs_last": {"edge": edge, "first_p50_ms": round(first_p50 * 1000, 3),
+                          "last_p50_ms": round(last_p50 * 1000, 3),
+                          "change": round(last_p50 / first_p50 - 1, 4)},
+        "settled_vs_last": settled,
+        "cpu_ms_per_turn": {"gateway": round(gw / n * 1000, 2),
+                            "model_server": round(srv / n * 1000, 2),
+                            "client": round(own / n * 1000, 2)},
+        "others_cpu_cores": round(others, 2),
+        "samples_ms": [round(s * 1000, 3) for s in latencies],
+    }
