@@ -111,8 +111,9 @@ class Compactor:
             {"role": "system", "content": system},
             {"role": "user", "content": transcript(previous, old)}]
         try:
-            response = await asyncio.wait_for(self.provider.complete(messages),
-                                              self.config.timeout)
+            response = await asyncio.wait_for(
+                self.provider.complete(messages, max_tokens=self.config.summary_max_tokens),
+                self.config.timeout)
         except TimeoutError as exc:
             raise CompactionFailed(f"the summary took over {self.config.timeout:.0f}s") from exc
         except ProviderError as exc:
@@ -120,7 +121,16 @@ class Compactor:
         summary = (response.content or "").strip()
         if not summary:
             raise CompactionFailed("the model returned an empty summary")
-        return summary
+        return self._cap(summary)
+
+    def _cap(self, summary: str) -> str:
+        """A summary never outgrows ``summary_max_tokens``, whatever the model returned: it is
+        carried into every later summary, so an overlong one would grow without bound."""
+        tokens = self.counter.encoding.encode(summary, disallowed_special=())
+        cap = self.config.summary_max_tokens
+        if len(tokens) <= cap:
+            return summary
+        return self.counter.encoding.decode(tokens[:cap]).rstrip() + " […]"
 
     async def compact(self, session_id: int, split: Split, previous: Compaction | None,
                       focus: str | None = None) -> Compaction:

@@ -43,7 +43,10 @@ _log = logging.getLogger(__name__)
 
 MAX_RECORDS_PER_CHAT = 1000
 MAX_CHATS = 1000
-MAX_IDEMPOTENCY_KEYS = 10_000
+MAX_RECORDS = 5000
+"""Records kept in all (oldest chats' first out): clients read replies as they come, so memory
+stays bounded however many sessions the gateway serves."""
+MAX_IDEMPOTENCY_KEYS = 5000
 MAX_MEDIA_ITEMS = 10
 MAX_ID_CHARS = 256
 MAX_WAIT_SECONDS = 60.0
@@ -330,7 +333,9 @@ class LocalChannel:
         self._records: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
         self._deliveries: OrderedDict[str, Delivery] = OrderedDict()
         self._seq = 0
-        self._changed = asyncio.Condition()
+        self._stored = 0
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        """Long polls waiting per chat: a reply wakes only its own chat's pollers."""
         self._running = False
         self._closing = False
         self._runner: web.AppRunner | None = None
@@ -373,45 +378,54 @@ class LocalChannel:
 
     async def stop(self) -> None:
         """Wake every long poll first, so the server's shutdown does not wait for them."""
-        async with self._changed:
-            self._closing = True
-            self._changed.notify_all()
+        self._closing = True
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
         self._running = False
 
     def status(self) -> ChannelStatus:
-        stored = sum(len(records) for records in self._records.values())
         return ChannelStatus(running=self._running and not self._closing,
-                             detail={"url": self.base_url, "stored": stored})
+                             detail={"url": self.base_url, "stored": self._stored})
 
     async def send(self, msg: OutboundMessage) -> Delivery:
-        async with self._changed:
-            known = self._deliveries.get(msg.idempotency_key)
-            if known is not None:
-                return known
-            self._seq += 1
-            created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-            record = {"seq": self._seq, "chat_id": msg.chat_id, "text": msg.text,
-                      "kind": msg.kind, "reply_to": msg.reply_to,
-                      "media": [m.to_dict() for m in msg.media],
-                      "created_at": created.astimezone(UTC).isoformat(),
-                      "thread_id": msg.thread_id, "turn_id": msg.turn_id}
-            records = self._records.get(msg.chat_id)
-            if records is None:
-                records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
-                while len(self._records) > MAX_CHATS:
-                    self._records.popitem(last=False)
-            else:
-                self._records.move_to_end(msg.chat_id)
-            records.append(record)
-            delivery = Delivery(ok=True, message_ids=(str(self._seq),))
-            self._deliveries[msg.idempotency_key] = delivery
-            while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
-                self._deliveries.popitem(last=False)
-            self._changed.notify_all()
+        known = self._deliveries.get(msg.idempotency_key)
+        if known is not None:
+            return known
+        self._seq += 1
+        created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
+        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": msg.text,
+                  "kind": msg.kind, "reply_to": msg.reply_to,
+                  "media": [m.to_dict() for m in msg.media],
+                  "created_at": created.astimezone(UTC).isoformat(),
+                  "thread_id": msg.thread_id, "turn_id": msg.turn_id}
+        records = self._records.get(msg.chat_id)
+        if records is None:
+            records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
+        else:
+            self._records.move_to_end(msg.chat_id)
+        self._stored += 1 - (len(records) == records.maxlen)
+        records.append(record)
+        self._prune()
+        delivery = Delivery(ok=True, message_ids=(str(self._seq),))
+        self._deliveries[msg.idempotency_key] = delivery
+        while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
+            self._deliveries.popitem(last=False)
+        for event in self._waiters.get(msg.chat_id, ()):
+            event.set()
         return delivery
+
+    def _prune(self) -> None:
+        """Drop the least recently active chats' oldest records past the limits."""
+        while len(self._records) > MAX_CHATS or self._stored > MAX_RECORDS:
+            chat_id, oldest = next(iter(self._records.items()))
+            oldest.popleft()
+            self._stored -= 1
+            if not oldest:
+                del self._records[chat_id]
 
     # --- in-process API -----------------------------------------------------------------------
 
@@ -429,16 +443,23 @@ class LocalChannel:
                             timeout: float = 10.0,  # noqa: ASYNC109 - the contract's name
                             ) -> tuple[list[dict[str, Any]], int]:
         """Records of ``chat_id`` newer than ``after``, waiting up to ``timeout`` for one."""
-        async with self._changed:
-            if timeout > 0 and not self._closing:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await self._changed.wait_for(
-                            lambda: self._closing or self._last_seq(chat_id) > after)
-                except TimeoutError:
-                    pass
-            found = [{**r, "media": [dict(m) for m in r["media"]]}
-                     for r in self._records.get(chat_id, ()) if r["seq"] > after]
+        if timeout > 0 and not self._closing and self._last_seq(chat_id) <= after:
+            event = asyncio.Event()
+            waiters = self._waiters.setdefault(chat_id, set())
+            waiters.add(event)
+            try:
+                async with asyncio.timeout(timeout):
+                    while not self._closing and self._last_seq(chat_id) <= after:
+                        event.clear()
+                        await event.wait()
+            except TimeoutError:
+                pass
+            finally:
+                waiters.discard(event)
+                if not waiters:
+                    self._waiters.pop(chat_id, None)
+        found = [{**r, "media": [dict(m) for m in r["media"]]}
+                 for r in self._records.get(chat_id, ()) if r["seq"] > after]
         return found, (found[-1]["seq"] if found else after)
 
     def _last_seq(self, chat_id: str) -> int:

@@ -288,6 +288,32 @@ async def test_send_is_idempotent(channel: LocalChannel) -> None:
     assert channel.status().detail["stored"] == 1
 
 
+async def test_memory_is_bounded_across_chats(channel: LocalChannel,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("channels.local.MAX_RECORDS", 5)
+    for i in range(4):
+        await channel.send(reply("old", f"o{i}"))
+    for i in range(4):
+        await channel.send(reply("new", f"n{i}"))
+    assert channel.status().detail["stored"] == 5
+    old, _ = await channel.wait_messages("old", timeout=0)
+    new, _ = await channel.wait_messages("new", timeout=0)
+    assert [m["text"] for m in old] == ["o3"]  # the least recent chat gives way first
+    assert [m["text"] for m in new] == ["n0", "n1", "n2", "n3"]
+
+
+async def test_a_reply_wakes_only_its_own_chat(channel: LocalChannel) -> None:
+    other = asyncio.create_task(channel.wait_messages("c2", timeout=5))
+    mine = asyncio.create_task(channel.wait_messages("c1", timeout=5))
+    await asyncio.sleep(0)  # both are waiting now
+    await channel.send(reply("c1", "for c1"))
+    found, _ = await asyncio.wait_for(mine, 1)
+    assert [m["text"] for m in found] == ["for c1"]
+    assert not other.done()
+    await channel.send(reply("c2", "for c2"))
+    assert [m["text"] for m in (await asyncio.wait_for(other, 1))[0]] == ["for c2"]
+
+
 async def test_memory_is_bounded_per_chat(channel: LocalChannel) -> None:
     for i in range(MAX_RECORDS_PER_CHAT + 5):
         await channel.send(reply("c1", f"m{i}"))

@@ -268,3 +268,28 @@ async def test_memory_flush_before_compaction_is_silent(make_config: MakeConfig,
         assert gw.store is not None
         session = await gw.store.active_session("local:c1")
         assert session.message_count == 8  # nothing of the flush turn is in the conversation
+
+
+async def test_summaries_stay_within_their_cap(make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    """Each summary carries the previous one: an overlong answer must not snowball."""
+    turns = itertools.count(1)
+    summaries: list[dict[str, Any]] = []
+
+    def respond(body: dict[str, Any]) -> str:
+        if is_summary_call(body):
+            summaries.append(body)
+            return "The user keeps counting. " * 200  # far more than asked for
+        return f"reply {next(turns)}"
+
+    llm.respond_with(respond)
+    config = make_config(agent={"context": {"max_recent_messages": 4, "compaction": {
+        "memory_flush": False, "summary_max_tokens": 60}}})
+    async with Gateway(config) as gw:
+        await talk(gw, [f"n{i}" for i in range(8)])
+        assert len(summaries) >= 2
+        assert all(s["max_tokens"] == 60 for s in summaries)
+        assert gw.store is not None
+        session = await gw.store.active_session("local:c1")
+        entry = await gw.store.compaction(session.id)
+        assert entry is not None and entry.summary_tokens <= 62
+        assert entry.summary.endswith("[…]")
