@@ -9,7 +9,6 @@ error is worth a retry) works on plain values and is tested without a network.
 from __future__ import annotations
 
 import hashlib
-import logging
 import mimetypes
 import re
 import warnings
@@ -26,6 +25,8 @@ with warnings.catch_warnings():
 
 from channels.base import Delivery
 from channels.chunking import chunk_markdown
+from channels.common import SecretFilter as SecretFilter  # re-exported
+from channels.common import redact
 from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
 
 NAME = "discord"
@@ -341,31 +342,3 @@ def _retry_after(exc: discord.HTTPException) -> float | None:
         return float(exc.response.headers.get("Retry-After", ""))
     except (AttributeError, ValueError):
         return None
-
-
-# --- secrets --------------------------------------------------------------------------------------
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[token]")
-    return text
-
-
-class SecretFilter(logging.Filter):
-    """Rewrites log records that contain the bot token (discord.py logs gateway payloads)."""
-
-    def __init__(self, *secrets: str) -> None:
-        super().__init__()
-        self.secrets = tuple(s for s in secrets if s)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message, self.secrets)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text, self.secrets)
-        return True

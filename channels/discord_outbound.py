@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from channels.base import Delivery
+from channels.common import Backoff as Backoff  # re-exported
 from channels.discord_convert import (
     FilePart,
     Part,
@@ -48,20 +47,6 @@ _log = logging.getLogger(__name__)
 
 SEND_ERRORS = (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError)
 """What a REST call through discord.py raises when Discord or the network fails."""
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Jittered exponential delays, 0.5 s doubling up to 30 s."""
-
-    delay: float = 0.5
-
-    def next(self) -> float:
-        value, self.delay = self.delay, min(self.delay * 2, 30.0)
-        return value * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self.delay = 0.5
 
 
 def _snowflake(value: str | None) -> int | None:

@@ -7,7 +7,6 @@ plain ``telegram.Message`` objects.
 
 from __future__ import annotations
 
-import logging
 import mimetypes
 import os
 import re
@@ -27,6 +26,8 @@ from telegram.error import (
 
 from channels.base import Delivery
 from channels.chunking import chunk_markdown, utf16_len
+from channels.common import SecretFilter as SecretFilter  # re-exported
+from channels.common import redact
 from channels.format import html_visible_text, to_plain_text, to_telegram_html
 from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
 
@@ -343,31 +344,3 @@ def map_errors(exc: TelegramError, secrets: Iterable[str] = ()) -> Delivery:
     if isinstance(exc, Forbidden | InvalidToken | ChatMigrated | BadRequest):
         return Delivery(ok=False, error=text, permanent=True)  # blocked, gone, or malformed
     return Delivery(ok=False, error=text)  # TimedOut, NetworkError, ...: worth another try
-
-
-# --- secrets --------------------------------------------------------------------------------------
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[token]")
-    return text
-
-
-class SecretFilter(logging.Filter):
-    """Rewrites log records that contain a secret (the bot token is part of every API URL)."""
-
-    def __init__(self, *secrets: str) -> None:
-        super().__init__()
-        self.secrets = tuple(s for s in secrets if s)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message, self.secrets)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text, self.secrets)
-        return True

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
@@ -22,6 +20,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
 from channels.base import Delivery
+from channels.common import Backoff as Backoff  # re-exported
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     MAX_UPLOAD_BYTES,
@@ -40,20 +39,6 @@ from channels.telegram_convert import (
 from gateway.events import Media, OutboundMessage, utcnow
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Jittered exponential delays, 0.5 s doubling up to 30 s."""
-
-    delay: float = 0.5
-
-    def next(self) -> float:
-        value, self.delay = self.delay, min(self.delay * 2, 30.0)
-        return value * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self.delay = 0.5
 
 
 class _Where(TypedDict):
