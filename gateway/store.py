@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from gateway.events import InboundMessage, OutboundMessage, event_to_dict, utcnow
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 
@@ -182,6 +184,17 @@ def content_text(content: Any) -> str:
     return str(content or "")
 
 
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
 def _json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
@@ -246,6 +259,13 @@ class Store:
             self._closed = True
             async with self._write_lock:
                 await self._db.close()
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` as one transaction on the database thread: one thread hop for the whole
+        transaction instead of one per statement (the hot path's writes; see bench/).
+        Uses aiosqlite's ``_execute``/``_conn`` (the version is pinned)."""
+        async with self._write_lock:
+            return await self._db._execute(_in_transaction, self._db._conn, fn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -377,60 +397,62 @@ class Store:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
         it answered (marked done), and its replies (into the outbox, to be delivered)."""
         now = _iso()
-        async with self.transaction() as db:
-            if done:
-                await db.executemany(_MARK_DONE, [(now, m.channel, m.chat_id, m.message_id)
-                                                  for m in done])
-            if outbound:
-                await db.executemany(_INSERT_OUTBOX, [_outbox_row(m, e) for m, e in outbound])
-            await db.executemany(
+        done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
+        outbox_rows = [_outbox_row(m, e) for m, e in outbound or ()]
+        message_rows = [(session_id, turn_id, m.body["role"], _json(m.body), m.tokens, now)
+                        for m in messages]
+        call_rows = [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
+                      c.attempts, now) for c in calls or ()]
+        total = snapshot.get("total_tokens") if snapshot else None
+        snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
+                        json.dumps(snapshot, ensure_ascii=False)) if snapshot is not None else None
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(_MARK_DONE, done_rows)
+            db.executemany(_INSERT_OUTBOX, outbox_rows)
+            db.executemany(
                 "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(session_id, turn_id, m.body["role"],
-                  json.dumps(m.body, ensure_ascii=False, separators=(",", ":")), m.tokens, now)
-                 for m in messages])
-            await db.execute(
+                "VALUES (?, ?, ?, ?, ?, ?)", message_rows)
+            db.execute(
                 "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
                 "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, inbound_id, status, error, _iso(started_at), now))
-            if calls:
-                await db.executemany(
-                    "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
-                    "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
-                      c.attempts, now) for c in calls])
-            total = snapshot.get("total_tokens") if snapshot else None
-            if snapshot is not None:
-                await db.execute(
+            db.executemany(
+                "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
+                "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", call_rows)
+            if snapshot_row is not None:
+                db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
-                    "context_hash, total_tokens, detail) VALUES (?, ?, ?, ?, ?, ?)",
-                    (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
-                     json.dumps(snapshot, ensure_ascii=False)))
-            await db.execute(
+                    "context_hash, total_tokens, detail) VALUES (?, ?, ?, ?, ?, ?)", snapshot_row)
+            db.execute(
                 "UPDATE sessions SET message_count = message_count + ?, updated_at = ?, "
                 "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
                 (len(messages), now, total, session_id))
+
+        await self._write(write)
 
     # inbox --------------------------------------------------------------------------------
 
     async def inbox_add(self, msg: InboundMessage) -> bool:
         """Store an inbound message; False when this channel message was stored before."""
-        async with self.transaction() as db:
-            cursor = await db.execute(
-                "INSERT OR IGNORE INTO inbox (channel, chat_id, message_id, payload, "
-                "received_at) VALUES (?, ?, ?, ?, ?)",
-                (msg.channel, msg.chat_id, msg.message_id, _json(event_to_dict(msg)),
-                 _iso(msg.received_at)))
-            return cursor.rowcount == 1
+        row = (msg.channel, msg.chat_id, msg.message_id, _json(event_to_dict(msg)),
+               _iso(msg.received_at))
+        return await self._write(lambda db: db.execute(
+            "INSERT OR IGNORE INTO inbox (channel, chat_id, message_id, payload, received_at) "
+            "VALUES (?, ?, ?, ?, ?)", row).rowcount == 1)
 
     async def finish_inbound(self, done: list[InboundMessage],
                              outbound: list[tuple[OutboundMessage, datetime]]) -> None:
         """Mark inbound messages answered and store the answer, in one transaction."""
         now = _iso()
-        async with self.transaction() as db:
-            await db.executemany(_MARK_DONE, [(now, m.channel, m.chat_id, m.message_id)
-                                              for m in done])
-            await db.executemany(_INSERT_OUTBOX, [_outbox_row(m, e) for m, e in outbound])
+        done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done]
+        outbox_rows = [_outbox_row(m, e) for m, e in outbound]
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(_MARK_DONE, done_rows)
+            db.executemany(_INSERT_OUTBOX, outbox_rows)
+
+        await self._write(write)
 
     async def inbox_pending(self, channels: list[str] | None = None) -> list[InboundMessage]:
         """Messages stored but not answered (the gateway stopped or crashed), oldest first;
@@ -443,8 +465,8 @@ class Store:
     # outbox -------------------------------------------------------------------------------
 
     async def outbox_add(self, msg: OutboundMessage, expires_at: datetime) -> None:
-        async with self.transaction() as db:
-            await db.execute(_INSERT_OUTBOX, _outbox_row(msg, expires_at))
+        row = _outbox_row(msg, expires_at)
+        await self._write(lambda db: db.execute(_INSERT_OUTBOX, row))
 
     async def outbox_pending(self, channels: list[str] | None = None) -> list[PendingOutbound]:
         where, params = _in_channels(channels)
@@ -458,12 +480,11 @@ class Store:
                             error: str | None = None, dead: bool = False) -> None:
         """Record a delivery: delivered, still pending (a failed try), or dead-lettered."""
         status = "delivered" if delivered else ("dead" if dead else "pending")
-        async with self.transaction() as db:
-            await db.execute(
-                "UPDATE outbox SET status = ?, attempts = ?, last_error = ?, "
-                "delivered_at = CASE WHEN ? THEN ? ELSE delivered_at END "
-                "WHERE idempotency_key = ?",
-                (status, attempts, error, delivered, _iso(), key))
+        row = (status, attempts, error, delivered, _iso(), key)
+        await self._write(lambda db: db.execute(
+            "UPDATE outbox SET status = ?, attempts = ?, last_error = ?, "
+            "delivered_at = CASE WHEN ? THEN ? ELSE delivered_at END "
+            "WHERE idempotency_key = ?", row))
 
     async def outbox_counts(self) -> dict[str, int]:
         rows = await self._fetchall(
@@ -527,9 +548,8 @@ class Store:
     # helpers ------------------------------------------------------------------------------
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
-        async with self._db.execute(sql, params) as cursor:
-            return await cursor.fetchone()
+        rows = await self._db.execute_fetchall(sql, params)  # one thread hop, not three
+        return next(iter(rows), None)
 
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        async with self._db.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+        return list(await self._db.execute_fetchall(sql, params))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,11 @@ async def test_recent_messages_reads_only_the_tail(store: Store) -> None:
 
 async def test_a_turn_is_one_transaction(store: Store) -> None:
     s = await store.active_session("k")
-    with pytest.raises(KeyError):  # a snapshot without a hash fails after the messages
+    # a hash sqlite cannot store fails after the messages were inserted: all rolled back
+    with pytest.raises(sqlite3.Error):
         await store.save_turn(session_id=s.id, turn_id="t1", inbound_id=None,
-                              messages=[user("a"), user("b")], snapshot={"total_tokens": 1})
+                              messages=[user("a"), user("b")],
+                              snapshot={"hash": {"not": "storable"}, "total_tokens": 1})
     assert await store.recent_messages(s.id, 10) == []
     assert (await store.active_session("k")).message_count == 0
 
