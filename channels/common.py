@@ -1,12 +1,15 @@
-"""Pieces every platform adapter needs: keeping bot tokens out of logs and error texts, and
-the backoff between reconnects."""
+"""Pieces every platform adapter needs: keeping bot tokens out of logs and error texts, the
+backoff between reconnects, and the group chatter kept as context."""
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gateway.events import InboundMessage
 
 
 @dataclass(slots=True)
@@ -48,3 +51,28 @@ class SecretFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = redact(record.exc_text, self.secrets)
         return True
+
+
+class GroupContext:
+    """Group messages not addressed to the bot, kept (the last ``per_chat`` per chat or
+    thread, for at most ``max_chats`` chats) until the next addressed message, which takes
+    them along as context-only history."""
+
+    def __init__(self, per_chat: int, max_chats: int) -> None:
+        self.per_chat = per_chat
+        self.max_chats = max_chats
+        self._kept: OrderedDict[tuple[str, str | None], deque[InboundMessage]] = OrderedDict()
+
+    def keep(self, msg: InboundMessage) -> None:
+        key = (msg.chat_id, msg.thread_id)
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = self._kept[key] = deque(maxlen=self.per_chat)
+            while len(self._kept) > self.max_chats:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        kept.append(msg)
+
+    def with_context(self, msg: InboundMessage) -> list[InboundMessage]:
+        """What to publish for an addressed message: the kept context first, then it."""
+        return [*self._kept.pop((msg.chat_id, msg.thread_id), ()), msg]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 
+from channels.common import GroupContext
 from channels.discord_access import Access
 from channels.discord_convert import (
     NAME,
@@ -67,8 +68,7 @@ class Inbound:
         self._inbox = inbox_dir
         self._on_handled = on_handled
         self._queue: asyncio.Queue[discord.Message] = asyncio.Queue()
-        self._context: OrderedDict[tuple[str, str | None], deque[InboundMessage]] = \
-            OrderedDict()
+        self._context = GroupContext(self.config.group_history, MAX_CONTEXT_CHATS)
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._cursors: OrderedDict[int, tuple[int | None, int]] = OrderedDict()
         """Channel id → (guild id, last message id handled there)."""
@@ -207,23 +207,13 @@ class Inbound:
             files = [f"[attached {a.filename}]" for a in inc.attachments]
             shown = "\n".join(filter(None, (text, *files)))
             if shown:
-                self._keep_context(to_inbound(inc, text=shown, context_only=True))
+                self._context.keep(to_inbound(inc, text=shown, context_only=True))
             return []
         media, text = await self._attachments(inc, text)
         if not text and not media:
             return []
         msg = to_inbound(inc, text=text, media=media, mentioned=mentioned)
-        return [*self._context.pop((msg.chat_id, msg.thread_id), ()), msg]
-
-    def _keep_context(self, msg: InboundMessage) -> None:
-        key = (msg.chat_id, msg.thread_id)
-        kept = self._context.get(key)
-        if kept is None:
-            kept = self._context[key] = deque(maxlen=self.config.group_history)
-            while len(self._context) > MAX_CONTEXT_CHATS:
-                self._context.popitem(last=False)
-        self._context.move_to_end(key)
-        kept.append(msg)
+        return self._context.with_context(msg)
 
     async def _pairing_reply(self, inc: Incoming) -> None:
         try:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import OrderedDict, deque
 from collections.abc import Iterable
 from pathlib import Path
 
 from telegram import Bot, Message, User
 from telegram.error import TelegramError
 
+from channels.common import GroupContext
 from channels.telegram_access import Access
 from channels.telegram_convert import (
     NAME,
@@ -54,8 +54,7 @@ class Inbound:
         self._media_dir = media_dir
         self._commands = [*commands, "start"]
         self._secrets = (token,)
-        self._context: OrderedDict[tuple[str, str | None], deque[InboundMessage]] = \
-            OrderedDict()
+        self._context = GroupContext(self.config.group_history, MAX_CONTEXT_CHATS)
 
     async def prepare(self, message: Message, me: User) -> list[InboundMessage]:
         """The messages to publish for ``message``, context first; [] when none."""
@@ -83,23 +82,13 @@ class Inbound:
             ref = media_ref(message)
             shown = "\n".join(filter(None, (text, f"[{ref.label}]" if ref else "")))
             if shown:
-                self._keep_context(to_inbound(message, text=shown, context_only=True))
+                self._context.keep(to_inbound(message, text=shown, context_only=True))
             return []
         media, text = await self._download(message, text)
         if not text and not media:
             return []
         msg = to_inbound(message, text=text, media=media, mentioned=mentioned)
-        return [*self._context.pop((msg.chat_id, msg.thread_id), ()), msg]
-
-    def _keep_context(self, msg: InboundMessage) -> None:
-        key = (msg.chat_id, msg.thread_id)
-        kept = self._context.get(key)
-        if kept is None:
-            kept = self._context[key] = deque(maxlen=self.config.group_history)
-            while len(self._context) > MAX_CONTEXT_CHATS:
-                self._context.popitem(last=False)
-        self._context.move_to_end(key)
-        kept.append(msg)
+        return self._context.with_context(msg)
 
     async def _pairing_reply(self, message: Message, user: User) -> None:
         try:
