@@ -45,6 +45,7 @@ RUNTIME_TAG = "[Runtime Context — metadata only, not instructions]"
 SUMMARY_TAG = "[Summary of the earlier conversation — older messages were compacted]"
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_WINDOW = 32_000
+SUMMARY_TOKENS_CACHE = 1024
 BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
 """Skills shipped with Parley; a workspace skill of the same name overrides one."""
 
@@ -107,6 +108,8 @@ class ContextBuilder:
         self.memory: MemoryStore | None = memory_store_for(
             self.workspace, memory, timezone=config.agent.timezone) if memory.enabled else None
         self._system_cache: dict[bool, tuple[Any, SystemPrompt]] = {}
+        self._summary_tokens: dict[int, int] = {}
+        """Compaction id → its summary message's tokens: counted once, not every turn."""
 
     # system ------------------------------------------------------------------------------
 
@@ -284,6 +287,14 @@ class ContextBuilder:
     def summary_message(self, compaction: Compaction) -> dict[str, Any]:
         return {"role": "user", "content": f"{SUMMARY_TAG}\n{compaction.summary}"}
 
+    def _summary_message_tokens(self, compaction: Compaction, message: dict[str, Any]) -> int:
+        tokens = self._summary_tokens.get(compaction.id)
+        if tokens is None:
+            if len(self._summary_tokens) >= SUMMARY_TOKENS_CACHE:
+                self._summary_tokens.pop(next(iter(self._summary_tokens)))
+            tokens = self._summary_tokens[compaction.id] = self.counter.count_message(message)
+        return tokens
+
     def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
               turn_id: str = "", compaction: Compaction | None = None,
@@ -297,7 +308,8 @@ class ContextBuilder:
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
         summary = [self.summary_message(compaction)] if compaction else []
-        summary_tokens = self.counter.count_message(summary[0]) if summary else 0
+        summary_tokens = self._summary_message_tokens(compaction, summary[0]) \
+            if compaction else 0
         runtime_tokens = self.counter.count_message(runtime)
         user_tokens = self.counter.count_message(user)
         reserve = self.config.agent.context.reply_reserve_tokens

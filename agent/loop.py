@@ -117,7 +117,8 @@ class AgentLoop:
         if self._context is None:
             window = None
             if self.config.agent.context.max_context_tokens is None:
-                window = context_window(self.config.agent.model)
+                window = context_window(self.config.agent.model,
+                                        ask_litellm=self.provider.needs_litellm)
             self._context = ContextBuilder(self.config, self.counter, window=window)
         return self._context
 

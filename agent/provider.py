@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -26,11 +28,16 @@ from agent.errors import (
     ProviderNotConfigured,
     ProviderUnavailable,
 )
+from agent.llm_types import LLMResponse, StreamAssembler, ToolCall
+from agent.openai_http import OpenAIHTTP
 from gateway.config import AgentConfig
+
+__all__ = ["LLMResponse", "Provider", "ToolCall", "context_window", "warm_up"]
 
 _log = logging.getLogger(__name__)
 
 _litellm: ModuleType | None = None
+_MODEL_MAP = "model_prices_and_context_window_backup.json"
 MAX_RETRY_AFTER = 60.0
 _WARM_MODULES = (
     # What litellm imports lazily on its first chat call with tools (~0.9 s): loaded ahead in
@@ -67,57 +74,75 @@ def warm_up() -> None:
             _log.debug("warm-up: %s not found in this litellm", name)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str
+def context_window(model: str, *, ask_litellm: bool = True) -> int | None:
+    """The model's input window from litellm's bundled model map, if it knows the model.
 
-
-@dataclass(frozen=True, slots=True)
-class LLMResponse:
-    content: str | None
-    tool_calls: tuple[ToolCall, ...]
-    model: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: float
-    attempts: int = 1
-
-    def assistant_message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls]
-        return msg
-
-
-@dataclass(slots=True)
-class _Attempt:
-    model: str
-    errors: list[str] = field(default_factory=list)
-
-
-def context_window(model: str) -> int | None:
-    """The model's input window from litellm's bundled model map, if it knows the model."""
+    The map is read as the JSON file litellm ships (~20 ms, dropped after the lookup), so a
+    gateway whose models need no litellm never imports it (~2 s, ~160 MB); with
+    ``ask_litellm`` a name the file lacks is asked of litellm itself (it knows aliases)."""
+    bare = model.split("/", 1)[1] if "/" in model else model
     try:
-        info = _lib().get_model_info(model)
-    except Exception:
-        return None
+        spec = importlib.util.find_spec("litellm")
+        path = Path(spec.origin).parent / _MODEL_MAP if spec and spec.origin else None
+        table = json.loads(path.read_text()) if path and path.is_file() else {}
+    except (OSError, ValueError):
+        table = {}
+    info = table.get(model) or table.get(bare)
+    if not isinstance(info, dict):
+        if not ask_litellm:
+            return None
+        try:
+            info = _lib().get_model_info(model)
+        except Exception:
+            return None
     value = info.get("max_input_tokens") or info.get("max_tokens")
     return int(value) if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One model to try and where it lives: the main model, then each fallback."""
+
+    model: str
+    api_base: str | None
+    api_key: str | None
+    http: OpenAIHTTP | None
+    """Set when the model is posted by ``agent/openai_http.py`` rather than litellm."""
 
 
 class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.models = [config.model, *config.fallbacks]
+        self.targets = [self._target(config.model, config.api_base, config.api_key)]
+        for fallback in config.fallbacks:
+            if isinstance(fallback, str):  # the main model's server and key
+                self.targets.append(self._target(fallback, config.api_base, config.api_key))
+            else:
+                self.targets.append(self._target(fallback.model, fallback.api_base,
+                                                 fallback.api_key))
+        self.models = [t.model for t in self.targets]
+
+    def _target(self, model: str, api_base: str | None, api_key: str | None) -> Target:
+        http = None
+        if api_base and model.startswith("openai/") and self.config.transport == "auto":
+            http = next((t.http for t in getattr(self, "targets", ())
+                         if t.http and (t.api_base, t.api_key) == (api_base, api_key)), None)
+            http = http or OpenAIHTTP(api_base, api_key, self.config.timeout)
+        return Target(model, api_base, api_key, http)
+
+    def direct(self, model: str) -> bool:
+        """Whether ``model`` is posted by ``agent/openai_http.py`` rather than litellm."""
+        return any(t.http is not None for t in self.targets if t.model == model)
+
+    @property
+    def needs_litellm(self) -> bool:
+        return any(t.http is None for t in self.targets)
 
     async def aclose(self) -> None:
-        """Stop litellm's background logging task and close its cached HTTP clients."""
+        """Close the direct client's pool, stop litellm's background logging task and close
+        its cached HTTP clients."""
+        for http in {id(t.http): t.http for t in self.targets if t.http}.values():
+            await http.aclose()
         if _litellm is None:
             return
         from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
@@ -137,10 +162,11 @@ class Provider:
         if cache is not None and hasattr(cache, "flush_cache"):
             cache.flush_cache()
 
-    def _key_problem(self, model: str) -> str | None:
-        """Why ``model`` cannot be called as configured, or None if it can."""
-        if self.config.api_key or self.config.api_base:
+    def _key_problem(self, target: Target) -> str | None:
+        """Why ``target`` cannot be called as configured, or None if it can."""
+        if target.api_key or target.api_base:
             return None
+        model = target.model
         try:
             missing = _lib().validate_environment(model).get("missing_keys") or []
         except Exception:  # an unknown provider prefix: let the call itself say so
@@ -155,8 +181,8 @@ class Provider:
 
     def configuration_problem(self) -> str | None:
         """A message saying exactly what to configure, when no model can be called."""
-        problems = [p for m in self.models if (p := self._key_problem(m))]
-        return problems[0] if len(problems) == len(self.models) else None
+        problems = [p for t in self.targets if (p := self._key_problem(t))]
+        return problems[0] if len(problems) == len(self.targets) else None
 
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
@@ -166,24 +192,26 @@ class Provider:
         if problem:
             raise ProviderNotConfigured(problem, model=self.config.model)
         last: ProviderError | None = None
-        for model in self.models:
-            if self._key_problem(model):
+        for target in self.targets:
+            if self._key_problem(target):
                 continue
             try:
-                return await self._complete_with_retries(model, messages, tools, max_tokens)
+                return await self._complete_with_retries(target, messages, tools, max_tokens)
             except (ProviderUnavailable, ProviderAuthError) as exc:
-                _log.warning("model %s failed after %d attempt(s): %s", model, exc.attempts, exc)
+                _log.warning("model %s failed after %d attempt(s): %s", target.model,
+                             exc.attempts, exc)
                 last = exc
         assert last is not None
         raise last
 
-    async def _complete_with_retries(self, model: str, messages: list[dict[str, Any]],
+    async def _complete_with_retries(self, target: Target, messages: list[dict[str, Any]],
                                      tools: list[dict[str, Any]] | None,
                                      max_tokens: int | None = None) -> LLMResponse:
         attempts = self.config.max_retries + 1
+        model = target.model
         for attempt in range(1, attempts + 1):
             try:
-                response = await self._call(model, messages, tools, max_tokens)
+                response = await self._call(target, messages, tools, max_tokens)
             except ProviderUnavailable as exc:
                 exc.attempts = attempt
                 if attempt == attempts:
@@ -204,36 +232,46 @@ class Provider:
         base = self.config.retry_backoff * (2 ** (attempt - 1))
         return min(base * random.uniform(0.5, 1.5), 30.0)
 
-    def _kwargs(self, model: str, messages: list[dict[str, Any]],
+    def _body(self, model: str, messages: list[dict[str, Any]],
+              tools: list[dict[str, Any]] | None, max_tokens: int | None) -> dict[str, Any]:
+        """The chat-completions request both routes send."""
+        body: dict[str, Any] = {"model": model, "messages": messages,
+                                "max_tokens": max_tokens or self.config.max_tokens}
+        if tools:
+            body["tools"] = tools
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        if self.config.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def _kwargs(self, target: Target, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None,
                 max_tokens: int | None = None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "model": model, "messages": messages, "timeout": self.config.timeout,
-            "max_tokens": max_tokens or self.config.max_tokens, "num_retries": 0,
-        }
-        if tools:
-            kwargs["tools"] = tools
-        if self.config.temperature is not None:
-            kwargs["temperature"] = self.config.temperature
-        if self.config.api_base:
-            kwargs["model"] = route(model)
-            kwargs["api_base"] = self.config.api_base
+        """litellm's keyword arguments."""
+        kwargs = self._body(target.model, messages, tools, max_tokens)
+        kwargs.update(timeout=self.config.timeout, num_retries=0)
+        if target.api_base:
+            kwargs["model"] = route(target.model)
+            kwargs["api_base"] = target.api_base
             # Local OpenAI-compatible servers rarely check keys, but the client wants one.
-            kwargs["api_key"] = self.config.api_key or "not-needed"
-        elif self.config.api_key:
-            kwargs["api_key"] = self.config.api_key
-        if self.config.stream:
-            kwargs["stream"] = True
-            kwargs["stream_options"] = {"include_usage": True}
+            kwargs["api_key"] = target.api_key or "not-needed"
+        elif target.api_key:
+            kwargs["api_key"] = target.api_key
         return kwargs
 
-    async def _call(self, model: str, messages: list[dict[str, Any]],
+    async def _call(self, target: Target, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None,
                     max_tokens: int | None = None) -> LLMResponse:
+        model = target.model
+        if target.http is not None:
+            body = self._body(model[len("openai/"):], messages, tools, max_tokens)
+            return await target.http.complete(body, model)
         lib = _lib()
         started = time.perf_counter()
         try:
-            raw = await lib.acompletion(**self._kwargs(model, messages, tools, max_tokens))
+            raw = await lib.acompletion(**self._kwargs(target, messages, tools, max_tokens))
             if self.config.stream:
                 return await _collect_stream(raw, model, started)
             return _from_response(raw, model, started)
@@ -271,37 +309,20 @@ def _from_response(raw: Any, model: str, started: float) -> LLMResponse:
 
 
 async def _collect_stream(stream: Any, model: str, started: float) -> LLMResponse:
-    text: list[str] = []
-    calls: dict[int, dict[str, str]] = {}
-    finish: str | None = None
-    prompt_tokens = completion_tokens = 0
+    joined = StreamAssembler()
     async for chunk in stream:
         usage = getattr(chunk, "usage", None)
         if usage:
-            prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-            completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+            joined.usage(getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0))
         if not chunk.choices:
             continue
         choice = chunk.choices[0]
-        finish = choice.finish_reason or finish
         delta = choice.delta
-        if getattr(delta, "content", None):
-            text.append(delta.content)
-        for tc in getattr(delta, "tool_calls", None) or ():
-            slot = calls.setdefault(tc.index or 0, {"id": "", "name": "", "arguments": ""})
-            if tc.id:
-                slot["id"] = tc.id
-            if tc.function and tc.function.name:
-                slot["name"] += tc.function.name
-            if tc.function and tc.function.arguments:
-                slot["arguments"] += tc.function.arguments
-    tool_calls = tuple(ToolCall(id=c["id"] or f"call_{i}", name=c["name"],
-                                arguments=c["arguments"] or "{}")
-                       for i, c in sorted(calls.items()))
-    return LLMResponse(content="".join(text) or None, tool_calls=tool_calls, model=model,
-                       finish_reason=finish, prompt_tokens=prompt_tokens,
-                       completion_tokens=completion_tokens,
-                       latency_ms=(time.perf_counter() - started) * 1000)
+        calls = [(tc.index, tc.id, tc.function.name if tc.function else None,
+                  tc.function.arguments if tc.function else None)
+                 for tc in getattr(delta, "tool_calls", None) or ()]
+        joined.delta(choice.finish_reason, getattr(delta, "content", None), calls)
+    return joined.result(model, (time.perf_counter() - started) * 1000)
 
 
 def _retry_after(exc: Exception) -> float | None:

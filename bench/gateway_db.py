@@ -11,7 +11,8 @@ from bench.stats import summary_ms
 
 
 def llm_latencies(db_path: Path, session_key: str) -> dict[str, Any] | None:
-    """Per-turn sum of the recorded model-call latencies of the active session ``key``."""
+    """Per-turn sum of the recorded model-call latencies of the active session ``key``, and
+    the sums in turn order (``per_turn_ms``)."""
     try:
         con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error:
@@ -20,7 +21,8 @@ def llm_latencies(db_path: Path, session_key: str) -> dict[str, Any] | None:
         rows = con.execute(
             "SELECT t.id, SUM(c.latency_ms), COUNT(*) FROM llm_calls c "
             "JOIN turns t ON t.id = c.turn_id JOIN sessions s ON s.id = t.session_id "
-            "WHERE s.key = ? GROUP BY t.id", (session_key,)).fetchall()
+            "WHERE s.key = ? GROUP BY t.id ORDER BY MIN(t.started_at), MIN(t.rowid)",
+            (session_key,)).fetchall()
     except sqlite3.Error:
         return None
     finally:
@@ -28,4 +30,5 @@ def llm_latencies(db_path: Path, session_key: str) -> dict[str, Any] | None:
     if not rows:
         return None
     return {**summary_ms([r[1] / 1000 for r in rows]),
-            "calls_per_turn": round(sum(r[2] for r in rows) / len(rows), 2)}
+            "calls_per_turn": round(sum(r[2] for r in rows) / len(rows), 2),
+            "per_turn_ms": [round(r[1], 3) for r in rows]}

@@ -1,10 +1,10 @@
 """RSS of the gateway (item 5): after start, then after many sessions of a few turns.
 
-Baselines: right after ``/v1/health`` first answers, and "ready" after one answered turn and
-a short settle (litellm is imported in a thread at start, ~160 MB, so the first figure alone
-would charge that import to the sessions). Growth per idle session is (RSS at the end, idle
-− ready RSS) / sessions; the slope between the first and the last tenth of the run is given
-beside it, since it leaves out one-time costs (client buffers, caches filling up).
+Baselines: right after ``/v1/health`` first answers, and "ready" after one answered turn and a
+short settle (with ``--transport litellm`` litellm is imported in a thread at start, ~160 MB, and
+the first figure alone would charge that import to the sessions). Growth per idle session is (RSS
+at the end, idle − ready RSS) / sessions; the slope between the first and the last tenth of the run
+is given beside it, since it leaves out one-time costs (client buffers, caches filling up).
 """
 
 from __future__ import annotations

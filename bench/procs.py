@@ -130,15 +130,18 @@ class ModelServer:
 
 # -- the gateway ---------------------------------------------------------------------------------
 
-def write_config(root: Path, port: int) -> Path:
+def write_config(root: Path, port: int, transport: str = "auto") -> Path:
     """The config ``parley onboard`` writes, with the local channel on ``port``, and the
-    workspace seeded from the templates (as onboard does)."""
+    workspace seeded from the templates (as onboard does); ``agent.transport`` when it is not
+    the default."""
     from gateway.cli import ONBOARD_CONFIG
     from workspace.bootstrap import seed_workspace
 
     data = yaml.safe_load(ONBOARD_CONFIG.format(workspace=root / "workspace",
                                                 data_dir=root / "data"))
     data["channels"]["local"]["port"] = port
+    if transport != "auto":
+        data["agent"]["transport"] = transport
     seed_workspace(root / "workspace")
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -149,8 +152,8 @@ class GatewayProcess:
     """``parley gateway --config FILE`` with the model and API base from the environment, as
     the README shows (``PARLEY_MODEL``, ``PARLEY_API_BASE``)."""
 
-    prototype: str | None = None
-    """A ``bench.harness`` prototype every gateway of this run gets (``--prototype``)."""
+    transport = "auto"
+    """``agent.transport`` of every gateway of this run (``--transport``)."""
 
     def __init__(self, root: Path, api_base: str, *, tracemalloc_prefix: Path | None = None,
                  ) -> None:
@@ -158,7 +161,7 @@ class GatewayProcess:
         self.tracemalloc_prefix = tracemalloc_prefix
         self.root = root
         self.port = free_port()
-        self.config = write_config(root, self.port)
+        self.config = write_config(root, self.port, self.transport)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "gateway.log"
         self.env = {**os.environ, "PYTHONPATH": _pythonpath(), "PARLEY_MODEL": MODEL,
@@ -179,8 +182,6 @@ class GatewayProcess:
         harness: list[str] = []  # bench.harness: the same command, instrumented
         if self.tracemalloc_prefix is not None:
             harness += ["--tracemalloc", str(self.tracemalloc_prefix)]
-        if self.prototype is not None:
-            harness += ["--prototype", self.prototype]
         if harness:
             command = [sys.executable, "-m", "bench.harness", *harness, "--", *command[1:]]
         self.proc = subprocess.Popen(command, stdout=log, stderr=log, env=self.env)

@@ -99,6 +99,14 @@ def checks(r: dict[str, Any]) -> list[Check]:
             add("2", f"{kind}: last-{edge} vs turns {settled['turns']}, history window full "
                 f"({settled['p50_ms']} → {settled['last_p50_ms']} ms)",
                 settled["change"] * 100, "{:+.1f} %", "", None)
+        split = _get(r, f"turns.{kind}.first_vs_last_split")
+        if split:
+            for part, what in (("model_call", "model call part"),
+                               ("outside_model_call", "gateway part (the rest)")):
+                p = split[part]
+                add("2", f"{kind}: {what}, last-{edge} vs first-{edge} "
+                    f"({p['first_p50_ms']} → {p['last_p50_ms']} ms)",
+                    p["change"] * 100, "{:+.1f} %", "", None)
     for chats in ("1", "10", "100"):
         tps = _get(r, f"throughput.{chats}.turns_per_s")
         add("3", f"throughput, {chats} concurrent chat(s)", tps, "{:.1f} turns/s",
@@ -125,7 +133,7 @@ def checks(r: dict[str, Any]) -> list[Check]:
         add("4", "context build p50: 10,000 vs 1,000 stored messages", (ratio - 1) * 100,
             "{:+.1f} %", "flat (≤ +20 %)", lambda v: v <= 20)
     mem = r.get("memory") or {}
-    add("5", "RSS after start (healthy) / ready (one turn, litellm loaded)",
+    add("5", "RSS after start (healthy) / ready (one turn answered)",
         mem.get("rss_after_healthy_kb", 0) / 1024 if mem else None,
         "{:.0f} MB / " + f"{mem.get('rss_ready_kb', 0) / 1024:.0f} MB", "", None)
     add("5", f"peak RSS after {mem.get('sessions', 0):,} sessions × "

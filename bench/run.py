@@ -21,11 +21,10 @@ from rich.console import Console
 from bench import context_build, floor, memory, request_size, startup
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies
-from bench.harness import PROTOTYPES
 from bench.load import concurrent_chats
 from bench.procs import ROOT, GatewayProcess, ModelServer
 from bench.report import checks, noise, print_table, write_json
-from bench.turns import series
+from bench.turns import series, split_by_model_call
 
 SECTIONS = ("context", "startup", "turns", "memory")
 console = Console(stderr=True)
@@ -127,8 +126,10 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 _say(f"1, 2: {sizes.turns} {kind} turns in one session")
                 chat = f"series-{kind}"
                 turns[kind] = await series(client, gateway, server, chat, prefix, sizes.turns)
-                turns[kind]["gateway_llm_call"] = llm_latencies(
-                    gateway.root / "data" / "parley.db", f"local:{chat}")
+                calls = llm_latencies(gateway.root / "data" / "parley.db", f"local:{chat}")
+                turns[kind]["gateway_llm_call"] = calls
+                turns[kind]["first_vs_last_split"] = split_by_model_call(
+                    turns[kind], calls.pop("per_turn_ms") if calls else None)
                 replays[kind] = [r["body"] for r in server.recent_requests(
                     1 if kind == "plain" else 2)]
             results["turns"] = turns
@@ -159,7 +160,7 @@ async def main_async(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "mode":
         "quick" if args.quick else "full", "sizes": sizes.__dict__, "machine": machine(),
-        "nice": os.getpriority(os.PRIO_PROCESS, 0), "prototype": args.prototype,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0), "transport": args.transport,
         "setup": {"model_server": "separate process (bench.llm_server: ScriptedLLM)",
                   "gateway": "separate process (parley gateway, onboard config)",
                   "client": "this process (aiohttp, long poll waiting before each POST)"}}
@@ -217,7 +218,7 @@ async def main_async(args: argparse.Namespace) -> int:
     write_json(out, results)
     title = (f"Parley benchmarks ({results['mode']}, {results['machine']['cpus']} CPUs, "
              f"{results['total_seconds']} s"
-             + (f", prototype {args.prototype}" if args.prototype else "") + ")")
+             + (f", transport {args.transport}" if args.transport != "auto" else "") + ")")
     print_table(found, Console(width=max(Console().width, 130)), title)
     for line in noise(results):
         console.print(f"[yellow]noisy:[/yellow] {line}", highlight=False)
@@ -232,15 +233,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also profile the gateway with py-spy (needs py-spy installed)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "latest.json"))
-    parser.add_argument("--prototype", choices=sorted(PROTOTYPES),
-                        help="run every gateway with a prototype fix (bench.harness) to "
-                             "measure an 'after' beside the 'before'")
+    parser.add_argument("--transport", choices=("auto", "litellm"), default="auto",
+                        help="agent.transport of the gateways: auto (the default: the model "
+                             "server is called directly) or litellm (every call via litellm)")
     parser.add_argument("--nice", type=int, default=0, metavar="N",
                         help="run the benchmark, model server and gateways at this niceness "
                              "(negative, as root, to measure on a machine others are using)")
     args = parser.parse_args(argv)
-    if args.prototype:
-        GatewayProcess.prototype = args.prototype
+    GatewayProcess.transport = args.transport
     autogroup = _renice(args.nice) if args.nice else None
     try:
         return asyncio.run(main_async(args))

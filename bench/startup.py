@@ -1,9 +1,10 @@
 """Time from ``parley gateway`` start to healthy (item 6), and what follows it.
 
-Each run is a fresh directory (config, seeded workspace, no database yet). Healthy means
-``GET /v1/health`` answers 200 with ``"gateway": "running"``, polled every 5 ms. Beside it: the
-time until a first "hello" is answered (litellm is still being imported in a thread when the
-gateway reports healthy), RSS at that point, and how long SIGTERM takes to stop it.
+Each run is a fresh directory (config, seeded workspace, no database yet). Healthy means ``GET
+/v1/health`` answers 200 with ``"gateway": "running"``, polled every 5 ms. Beside it: the time
+until a first "hello" is answered (with ``--transport litellm``, litellm is still being imported in
+a thread when the gateway reports healthy), RSS at that point, and how long SIGTERM takes to stop
+it.
 """
 
 from __future__ import annotations

@@ -58,3 +58,22 @@ async def series(client: LocalClient, gateway: GatewayProcess, server: ModelServ
         "others_cpu_cores": round(others, 2),
         "samples_ms": [round(s * 1000, 3) for s in latencies],
     }
+
+
+def split_by_model_call(series_result: dict[str, Any], model_ms: list[float] | None
+                        ) -> dict[str, Any] | None:
+    """Item 2 taken apart: each turn's latency minus its model call (as the gateway timed
+    it), first vs last turns. What grows in the model call is the request's own size (the
+    history window filling); what grows outside it is the gateway's."""
+    samples = series_result["samples_ms"]
+    if not model_ms or len(model_ms) != len(samples):
+        return None
+    edge = series_result["first_vs_last"]["edge"]
+    outside = [max(s - m, 0.0) for s, m in zip(samples, model_ms, strict=True)]
+
+    def change(values: list[float]) -> dict[str, float]:
+        first, last = percentile(values[:edge], 0.5), percentile(values[-edge:], 0.5)
+        return {"first_p50_ms": round(first, 3), "last_p50_ms": round(last, 3),
+                "change": round(last / first - 1, 4) if first else 0.0}
+
+    return {"outside_model_call": change(outside), "model_call": change(model_ms)}

@@ -458,8 +458,12 @@ class LocalChannel:
                 waiters.discard(event)
                 if not waiters:
                     self._waiters.pop(chat_id, None)
-        found = [{**r, "media": [dict(m) for m in r["media"]]}
-                 for r in self._records.get(chat_id, ()) if r["seq"] > after]
+        newer: list[dict[str, Any]] = []
+        for record in reversed(self._records.get(chat_id, ())):  # newest first: O(new ones)
+            if record["seq"] <= after:
+                break
+            newer.append(record)
+        found = [{**r, "media": [dict(m) for m in r["media"]]} for r in reversed(newer)]
         return found, (found[-1]["seq"] if found else after)
 
     def _last_seq(self, chat_id: str) -> int:

@@ -106,8 +106,10 @@ class Gateway:
             await self.manager.start(self.store)
             await self.agent.start()
             await self._start_schedules(self.store, self.agent)
-            # litellm takes seconds to import: load it while the gateway is already serving.
-            self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up), name="llm-warm-up")
+            if self.provider.needs_litellm:
+                # litellm takes seconds to import: load it while the gateway already serves.
+                self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up),
+                                                    name="llm-warm-up")
         except BaseException:
             self._state = "failed"
             await self._teardown()

@@ -176,9 +176,9 @@ def config_check(config_path: ConfigOpt = None) -> None:
     channels = [n for n, c in config.channels if getattr(c, "enabled", False)]
     out.print("ok", highlight=False)
     out.print(f"  file:      {config.source}", highlight=False)
+    fallbacks = [f if isinstance(f, str) else f.model for f in config.agent.fallbacks]
     out.print(f"  model:     {config.agent.model}"
-              + (f" (fallbacks: {', '.join(config.agent.fallbacks)})"
-                 if config.agent.fallbacks else ""), highlight=False)
+              + (f" (fallbacks: {', '.join(fallbacks)})" if fallbacks else ""), highlight=False)
     out.print(f"  api:       {'api_base ' + config.agent.api_base if config.agent.api_base else 'provider default'}"  # noqa: E501
               f", key {'set' if config.agent.api_key else 'from environment'}", highlight=False)
     out.print(f"  workspace: {config.workspace_path}", highlight=False)

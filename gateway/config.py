@@ -237,11 +237,26 @@ class MemoryConfig(_Model):
     recall_min_score: float = Field(1.0, ge=0)
 
 
+class FallbackModelConfig(_Model):
+    """A fallback on another server or provider: its own ``api_base`` and ``api_key``
+    (unset: the provider's own, e.g. ``OPENAI_API_KEY``). A fallback written as a plain
+    model name shares the main model's ``api_base`` and ``api_key``."""
+
+    model: str = Field(min_length=1)
+    api_base: str | None = None
+    api_key: str | None = None
+
+    @field_validator("api_base", "api_key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
 class AgentConfig(_Model):
     model: str = "openai/gpt-4o-mini"
     api_base: str | None = None
     api_key: str | None = None
-    fallbacks: list[str] = Field(default_factory=list)
+    fallbacks: list[str | FallbackModelConfig] = Field(default_factory=list)
     temperature: float | None = Field(None, ge=0, le=2)
     max_tokens: int = Field(4096, gt=0)
     max_iterations: int = Field(20, gt=0)
@@ -249,6 +264,9 @@ class AgentConfig(_Model):
     max_retries: int = Field(3, ge=0)
     retry_backoff: Duration = 1.0
     stream: bool = False
+    transport: Literal["auto", "litellm"] = "auto"
+    """``auto``: ``openai/<name>`` at an ``api_base`` is posted directly (aiohttp), everything
+    else goes through litellm; ``litellm``: every call goes through litellm."""
     timezone: str = "UTC"
     max_concurrent_turns: int = Field(4, gt=0)
     queue_mode: Literal["collect", "followup", "steer"] = "collect"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from agent.provider import Provider
 from agent.runner import Runner, cut_result
@@ -37,10 +40,21 @@ async def big(ctx: TurnContext) -> str:
     return "x" * 50_000
 
 
+_providers: list[Provider] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_providers() -> AsyncIterator[None]:
+    yield
+    while _providers:
+        await _providers.pop().aclose()
+
+
 def make(llm: ScriptedLLM, tmp_path: Path, *tools: object, iterations: int = 5) -> Runner:
     p = Provider(AgentConfig.model_validate({
         "model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
         "retry_backoff": 0.001}))
+    _providers.append(p)
     return Runner(p, ToolRegistry(tools), max_iterations=iterations,  # type: ignore[arg-type]
                   max_result_chars=1000)
 

@@ -1,5 +1,7 @@
-"""The whole gateway, driven over the local channel's HTTP API, with litellm talking to the
-scripted model server. Nothing of ours is mocked."""
+"""The whole gateway, driven over the local channel's HTTP API, talking to the scripted model
+server both ways a model is called: the direct OpenAI-compatible client (the default for
+``openai/<name>`` at an ``api_base``) and litellm (``agent.transport: litellm``, the route of
+every other provider). Nothing of ours is mocked."""
 
 from __future__ import annotations
 
@@ -45,6 +47,13 @@ class Client:
     async def ask(self, chat_id: str, text: str, **extra: Any) -> dict[str, Any]:
         await self.post(chat_id, text, **extra)
         return (await self.replies(chat_id))[0]
+
+
+@pytest.fixture(params=["auto", "litellm"], ids=["direct", "litellm"])
+async def gateway(make_config: MakeConfig, request: pytest.FixtureRequest) -> Any:
+    async with Gateway(make_config(agent={"transport": request.param}), grace=2.0) as gw:
+        assert gw.provider.direct("openai/test-model") is (request.param == "auto")
+        yield gw
 
 
 @pytest.fixture

@@ -1,0 +1,238 @@
+"""OpenAI-compatible chat completions over aiohttp, for ``openai/<name>`` at an ``api_base``.
+
+Ollama, vLLM, LM Studio, llama.cpp and most hosted gateways speak this one protocol, so there is
+nothing for litellm to translate. Going through litellm costs ~3 ms of CPU per call (its logging
+object, response metadata and cost lookup; measured in ``bench/``), which was half of what the
+gateway spent on a turn; this client posts the body ``Provider`` already built and reads the
+answer (plain JSON or server-sent events), ~0.3 ms. Errors map onto the same ``ProviderError``
+tree as litellm's, so retries, fallbacks and what the user is told do not depend on the route.
+``agent.transport: litellm`` sends these models through litellm as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from agent.errors import (
+    ProviderAuthError,
+    ProviderBadRequest,
+    ProviderContextTooLarge,
+    ProviderError,
+    ProviderUnavailable,
+)
+from agent.llm_types import LLMResponse, StreamAssembler, ToolCall
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""A reply larger than this is refused: no chat answer is that big, a broken server might be."""
+MAX_ERROR_CHARS = 300
+# The wordings servers use for "your prompt is larger than my window" (OpenAI, vLLM, llama.cpp,
+# Ollama, LM Studio, TGI, OpenRouter); matched lower-cased anywhere in an error body.
+CONTEXT_SIGNS = (
+    "maximum context length", "context length", "context_length_exceeded", "context window",
+    "prompt is too long", "input is too long", "too many tokens", "too many input tokens",
+    "exceeds the available context", "exceed_context_size", "longer than the model's maximum",
+)
+
+
+class OpenAIHTTP:
+    """One connection pool per provider; created in the loop that first calls it."""
+
+    def __init__(self, api_base: str, api_key: str | None, timeout: float) -> None:
+        base = api_base.rstrip("/")
+        self.url = base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json",
+                         # Local servers rarely check keys; send one anyway, as the SDKs do.
+                         "Authorization": f"Bearer {api_key or 'not-needed'}"}
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                              sock_read=timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        session, loop = self._session, asyncio.get_running_loop()
+        if session is None or session.closed or self._loop is not loop:  # an earlier loop's
+            self._loop = loop
+            session = self._session = aiohttp.ClientSession(
+                timeout=self._timeout, trust_env=True,
+                connector=aiohttp.TCPConnector(limit=100))
+        return session
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    async def complete(self, body: dict[str, Any], model: str) -> LLMResponse:
+        """POST ``body`` (``model`` is the configured name, for errors and the answer)."""
+        started = time.perf_counter()
+        data = json.dumps(body, ensure_ascii=False).encode()
+        try:
+            async with self._client().post(self.url, data=data, headers=self._headers) as resp:
+                if resp.status >= 400:
+                    raw = await _read(resp, 64 * 1024, truncate=True)
+                    raise _status_error(resp.status, raw, resp.headers, model)
+                if body.get("stream"):
+                    assembler = StreamAssembler()
+                    async for event in _sse_events(resp):
+                        _stream_event(assembler, event, model)
+                    return assembler.result(model, (time.perf_counter() - started) * 1000)
+                payload = _json(await _read(resp, MAX_BODY_BYTES), model)
+                return _from_payload(payload, model, started)
+        except ProviderError:
+            raise
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise ProviderUnavailable("timed out", model=model, cause="timeout") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            raise ProviderUnavailable("connection failed", model=model) from exc
+        except aiohttp.ClientError as exc:
+            raise ProviderUnavailable(f"{type(exc).__name__}: {exc}", model=model,
+                                      cause="server_error") from exc
+
+
+async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        chunks.append(chunk)
+        if size > limit:
+            if truncate:
+                break
+            raise ProviderUnavailable(f"the answer was larger than {limit // 1024 // 1024} MB",
+                                      cause="server_error")
+    return b"".join(chunks)
+
+
+async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The ``data:`` payloads of a server-sent event stream, up to ``[DONE]``. Lines are split
+    here, not by aiohttp's readline, whose 128 KB line limit a one-chunk tool call can pass."""
+    buffer = b""
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ProviderUnavailable("the streamed answer was larger than 32 MB",
+                                      cause="server_error")
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue  # blank separators, ": keep-alive" comments, event: names
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            if data:
+                yield _json(data, None)
+
+
+def _stream_event(assembler: StreamAssembler, event: dict[str, Any], model: str) -> None:
+    if "error" in event:
+        raise _status_error(None, json.dumps(event).encode(), None, model)
+    usage = event.get("usage")
+    if isinstance(usage, dict):
+        assembler.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    for choice in (event.get("choices") or ())[:1]:
+        delta = choice.get("delta") or {}
+        calls = [(tc.get("index"), tc.get("id"), (tc.get("function") or {}).get("name"),
+                  (tc.get("function") or {}).get("arguments"))
+                 for tc in delta.get("tool_calls") or ()]
+        assembler.delta(choice.get("finish_reason"), _text(delta.get("content")), calls)
+
+
+def _json(raw: bytes, model: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ProviderUnavailable("the server's answer is not JSON", model=model,
+                                  cause="server_error") from exc
+    if not isinstance(value, dict):
+        raise ProviderUnavailable("the server's answer is not a JSON object", model=model,
+                                  cause="server_error")
+    return value
+
+
+def _text(content: Any) -> str | None:
+    """``content`` as text: a string, or the text parts of a list some servers send."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict)) or None
+    return str(content)
+
+
+def _arguments(value: Any) -> str:
+    if value is None or value == "":
+        return "{}"
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _from_payload(payload: dict[str, Any], model: str, started: float) -> LLMResponse:
+    if "error" in payload:  # some servers answer 200 with an error object
+        raise _status_error(None, json.dumps(payload).encode(), None, model)
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ProviderUnavailable("the server's answer has no choices", model=model,
+                                  cause="server_error")
+    choice = choices[0]
+    message = choice.get("message") or {}
+    calls = tuple(
+        ToolCall(id=c.get("id") or f"call_{i}", name=(c.get("function") or {}).get("name") or "",
+                 arguments=_arguments((c.get("function") or {}).get("arguments")))
+        for i, c in enumerate(message.get("tool_calls") or ()) if isinstance(c, dict))
+    usage = payload.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return LLMResponse(
+        content=_text(message.get("content")), tool_calls=calls,
+        model=payload.get("model") or model, finish_reason=choice.get("finish_reason"),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        latency_ms=(time.perf_counter() - started) * 1000)
+
+
+def _error_text(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            error = error.get("message") or error.get("detail") or error
+        elif "detail" in body and error is body:
+            error = body["detail"]
+        text = error if isinstance(error, str) else json.dumps(error)
+    text = " ".join(text.split()) or "no details"
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # an HTTP date: rare from model servers; back off as usual
+        return None
+
+
+def _status_error(status: int | None, raw: bytes, headers: Any, model: str) -> ProviderError:
+    text = _error_text(raw)
+    if status in (401, 403):
+        return ProviderAuthError(text, model=model)
+    if status == 429:
+        return ProviderUnavailable("rate limited (429)", model=model,
+                                   retry_after=_retry_after(headers), cause="rate_limited")
+    if status == 413 or any(sign in text.lower() for sign in CONTEXT_SIGNS):
+        return ProviderContextTooLarge(text, model=model)
+    if status == 408:
+        return ProviderUnavailable("timed out", model=model, cause="timeout")
+    if status is not None and 400 <= status < 500:
+        return ProviderBadRequest(text, model=model)
+    detail = f"server error {status}" if status else f"the server reported an error: {text}"
+    return ProviderUnavailable(detail, model=model, cause="server_error")

@@ -1,0 +1,233 @@
+"""The direct OpenAI-compatible client against servers that misbehave in the ways real ones do:
+answers that are not JSON, errors inside a 200, HTML error pages, huge one-line stream events,
+keep-alive comments, CRLF line ends. (Well-behaved answers are covered on both routes in
+``test_provider.py``.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from agent import openai_http
+from agent.errors import ProviderBadRequest, ProviderContextTooLarge, ProviderUnavailable
+from agent.provider import Provider
+from gateway.config import AgentConfig
+
+HELLO = [{"role": "user", "content": "héllo ✓"}]
+ROOT = Path(__file__).resolve().parents[2]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class RawServer:
+    """Answers each POST with the next scripted handler; records bodies and headers."""
+
+    def __init__(self) -> None:
+        self.handlers: list[Handler] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
+        self.base_url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.bodies.append(json.loads(await request.read()))
+        self.headers.append(dict(request.headers))
+        self.paths.append(request.path)
+        return await self.handlers.pop(0)(request)
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[RawServer]:
+    server = RawServer()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server.base_url = f"http://127.0.0.1:{port}/v1"
+    yield server
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def make(raw: RawServer) -> AsyncIterator[Callable[..., Provider]]:
+    made: list[Provider] = []
+
+    def build(**kw: Any) -> Provider:
+        p = Provider(AgentConfig.model_validate({
+            "model": "openai/m1", "api_base": raw.base_url, "retry_backoff": 0.001,
+            "max_retries": 1, "timeout": 5, **kw}))
+        made.append(p)
+        return p
+
+    yield build
+    for p in made:
+        await p.aclose()
+
+
+def answer(payload: Any, status: int = 200, content_type: str = "application/json") -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        return web.Response(status=status, text=text, content_type=content_type)
+    return handler
+
+
+def completion(message: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "x", "object": "chat.completion", "model": "m1",
+            "choices": [{"index": 0, "message": {"role": "assistant", **message},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+
+
+def sse(events: list[bytes]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in events:
+            await resp.write(event)
+        await resp.write_eof()
+        return resp
+    return handler
+
+
+async def test_request_shape(raw: RawServer, make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer(completion({"content": "ok"})))
+    r = await make(temperature=0.2).complete(HELLO, max_tokens=77)
+    assert r.content == "ok" and (r.prompt_tokens, r.completion_tokens) == (5, 2)
+    body, headers = raw.bodies[0], raw.headers[0]
+    assert body == {"model": "m1", "messages": HELLO, "max_tokens": 77, "temperature": 0.2}
+    assert headers["Authorization"] == "Bearer not-needed"  # no key configured
+    assert raw.paths == ["/v1/chat/completions"]
+
+
+async def test_api_base_may_name_the_endpoint(raw: RawServer,
+                                              make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer(completion({"content": "ok"})))
+    await make(api_base=raw.base_url + "/chat/completions/", api_key="k").complete(HELLO)
+    assert raw.paths == ["/v1/chat/completions"]
+    assert raw.headers[0]["Authorization"] == "Bearer k"
+
+
+async def test_not_json_is_retried_then_told(raw: RawServer,
+                                             make: Callable[..., Provider]) -> None:
+    raw.handlers += [answer("<html>oops</html>", content_type="text/html")] * 2
+    with pytest.raises(ProviderUnavailable) as info:
+        await make().complete(HELLO)
+    assert "not JSON" in str(info.value) and info.value.attempts == 2
+    assert "kept failing" in info.value.user_message
+
+
+async def test_html_error_page_is_a_server_error(raw: RawServer,
+                                                 make: Callable[..., Provider]) -> None:
+    raw.handlers += [answer("<h1>502 Bad Gateway</h1>", 502, "text/html"),
+                     answer(completion({"content": "back"}))]
+    r = await make().complete(HELLO)
+    assert (r.content, r.attempts) == ("back", 2)
+
+
+async def test_errors_inside_a_200_and_context_overflow(raw: RawServer,
+                                                        make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer({"error": {"message": "the request exceeds the available "
+                                                     "context size, try increasing it"}}))
+    with pytest.raises(ProviderContextTooLarge):
+        await make().complete(HELLO)
+    raw.handlers.append(answer("request entity too large", 413, "text/plain"))
+    with pytest.raises(ProviderContextTooLarge):
+        await make().complete(HELLO)
+    raw.handlers.append(answer({"detail": [{"msg": "field required"}]}, 422))
+    with pytest.raises(ProviderBadRequest) as bad:
+        await make().complete(HELLO)
+    assert "field required" in str(bad.value)
+
+
+async def test_answer_shapes_some_servers_send(raw: RawServer,
+                                               make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer(completion({
+        "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}],
+        "tool_calls": [{"id": "", "type": "function",
+                        "function": {"name": "list_dir", "arguments": {"path": "."}}}]})))
+    r = await make().complete(HELLO)
+    assert r.content == "two parts"
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in r.tool_calls] == [
+        ("call_0", "list_dir", {"path": "."})]
+    raw.handlers.append(answer({"choices": []}))
+    raw.handlers.append(answer({"choices": []}))
+    with pytest.raises(ProviderUnavailable, match="no choices"):
+        await make().complete(HELLO)
+
+
+async def test_stream_with_a_huge_event_comments_and_crlf(raw: RawServer,
+                                                          make: Callable[..., Provider]) -> None:
+    big = "x" * 300_000  # one event larger than aiohttp's readline limit
+    tool = {"choices": [{"index": 0, "delta": {"tool_calls": [{
+        "index": 0, "id": "c1", "function": {"name": "write_file",
+                                             "arguments": json.dumps({"content": big})}}]}}]}
+    text = {"choices": [{"index": 0, "delta": {"content": "wr"}}]}
+    text2 = {"choices": [{"index": 0, "delta": {"content": "iting"},
+                          "finish_reason": "tool_calls"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}
+    events = [b": keep-alive\r\n\r\n"]
+    for event in (text, text2, tool, usage):
+        data = b"data: " + json.dumps(event).encode() + b"\r\n\r\n"
+        events += [data[:70_000], data[70_000:]] if len(data) > 70_000 else [data]
+    events.append(b"data: [DONE]\r\n\r\n")
+    raw.handlers.append(sse(events))
+    r = await make(stream=True).complete(HELLO)
+    assert raw.bodies[0]["stream"] is True
+    assert raw.bodies[0]["stream_options"] == {"include_usage": True}
+    assert r.content == "writing" and r.finish_reason == "tool_calls"
+    assert json.loads(r.tool_calls[0].arguments)["content"] == big
+    assert (r.prompt_tokens, r.completion_tokens) == (9, 4)
+
+
+async def test_error_event_mid_stream(raw: RawServer, make: Callable[..., Provider]) -> None:
+    bad = b'data: {"error": {"message": "model crashed"}}\n\n'
+    raw.handlers += [sse([bad]), sse([bad])]
+    with pytest.raises(ProviderUnavailable, match="model crashed"):
+        await make(stream=True).complete(HELLO)
+
+
+async def test_oversized_answer_is_refused(raw: RawServer, make: Callable[..., Provider],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_http, "MAX_BODY_BYTES", 1024 * 1024)
+    huge = completion({"content": "y" * (2 * 1024 * 1024)})
+    raw.handlers += [answer(huge), answer(huge)]
+    with pytest.raises(ProviderUnavailable, match="larger than 1 MB"):
+        await make().complete(HELLO)
+
+
+def test_a_direct_gateway_never_imports_litellm(tmp_path: Path) -> None:
+    """A gateway whose model is OpenAI-compatible answers a turn without loading litellm
+    (~2 s and ~160 MB); asking for the model's window reads litellm's map file instead."""
+    code = f"""
+import asyncio, sys
+from gateway.app import Gateway
+from gateway.config import parse_config
+from tests.fakes.openai_server import ScriptedLLM
+
+async def main():
+    async with ScriptedLLM() as llm:
+        llm.reply("hi")
+        config = parse_config({{
+            "workspace": {str(tmp_path / "ws")!r}, "data_dir": {str(tmp_path / "data")!r},
+            "agent": {{"model": "openai/gpt-4o-mini", "api_base": llm.base_url}},
+            "channels": {{"local": {{"port": 0}}}}}}, env={{}})
+        async with Gateway(config) as gw:
+            print(await gw.local.ask("c1", "hello", timeout=10))
+            print(gw.agent.context.max_context_tokens)
+    print("litellm" in sys.modules)
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["hi", "128000", "False"]
