@@ -65,9 +65,10 @@ def tool_name(server: str, remote: str) -> str:
 
 
 def input_schema(raw: dict[str, Any] | None) -> dict[str, Any]:
-    """The server's schema as a function's parameters (titles dropped: they cost tokens)."""
+    """The server's schema as a function's parameters (titles dropped: they cost tokens; the
+    top-level ``additionalProperties``: some OpenAI-compatible servers refuse it)."""
     schema = copy.deepcopy(raw) if isinstance(raw, dict) else {}
-    for key in ("title", "$schema"):
+    for key in ("title", "$schema", "additionalProperties"):  # see agent/tools/base.py
         schema.pop(key, None)
     if schema.get("type") != "object":
         schema = {"type": "object", "properties": {}}

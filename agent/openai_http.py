@@ -71,7 +71,7 @@ class OpenAIHTTP:
     async def complete(self, body: dict[str, Any], model: str) -> LLMResponse:
         """POST ``body`` (``model`` is the configured name, for errors and the answer)."""
         started = time.perf_counter()
-        data = json.dumps(body, ensure_ascii=False).encode()
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         try:
             async with self._client().post(self.url, data=data, headers=self._headers) as resp:
                 if resp.status >= 400:

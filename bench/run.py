@@ -22,7 +22,7 @@ from bench import context_build, floor, memory, request_size, startup
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies
 from bench.load import concurrent_chats
-from bench.procs import ROOT, GatewayProcess, ModelServer
+from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pinning
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import series, split_by_model_call
 
@@ -161,6 +161,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "mode":
         "quick" if args.quick else "full", "sizes": sizes.__dict__, "machine": machine(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0), "transport": args.transport,
+        "pinning": {role: sorted(cpus) for role, cpus in PINNING.items()},
         "setup": {"model_server": "separate process (bench.llm_server: ScriptedLLM)",
                   "gateway": "separate process (parley gateway, onboard config)",
                   "client": "this process (aiohttp, long poll waiting before each POST)"}}
@@ -218,7 +219,9 @@ async def main_async(args: argparse.Namespace) -> int:
     write_json(out, results)
     title = (f"Parley benchmarks ({results['mode']}, {results['machine']['cpus']} CPUs, "
              f"{results['total_seconds']} s"
-             + (f", transport {args.transport}" if args.transport != "auto" else "") + ")")
+             + (f", transport {args.transport}" if args.transport != "auto" else "")
+             + (", pinned: gateway on CPU " + ",".join(map(str, sorted(PINNING["gateway"])))
+                if PINNING else ", not pinned") + ")")
     print_table(found, Console(width=max(Console().width, 130)), title)
     for line in noise(results):
         console.print(f"[yellow]noisy:[/yellow] {line}", highlight=False)
@@ -233,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also profile the gateway with py-spy (needs py-spy installed)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "latest.json"))
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="pin the gateway to one CPU and the model server and this client "
+                             "to the others (default; --no-pin lets the scheduler place them: "
+                             "sequential latencies then move in ±0.5 ms steps mid-run)")
     parser.add_argument("--transport", choices=("auto", "litellm"), default="auto",
                         help="agent.transport of the gateways: auto (the default: the model "
                              "server is called directly) or litellm (every call via litellm)")
@@ -241,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(negative, as root, to measure on a machine others are using)")
     args = parser.parse_args(argv)
     GatewayProcess.transport = args.transport
+    if args.pin:
+        PINNING.update(plan_pinning())
+        pin(os.getpid(), "helpers")
     autogroup = _renice(args.nice) if args.nice else None
     try:
         return asyncio.run(main_async(args))

@@ -179,8 +179,13 @@ def config_check(config_path: ConfigOpt = None) -> None:
     fallbacks = [f if isinstance(f, str) else f.model for f in config.agent.fallbacks]
     out.print(f"  model:     {config.agent.model}"
               + (f" (fallbacks: {', '.join(fallbacks)})" if fallbacks else ""), highlight=False)
+    from agent.provider import Provider
+
+    route = ("posted directly (OpenAI-compatible)" if Provider(config.agent).direct(
+        config.agent.model) else "through litellm")
     out.print(f"  api:       {'api_base ' + config.agent.api_base if config.agent.api_base else 'provider default'}"  # noqa: E501
-              f", key {'set' if config.agent.api_key else 'from environment'}", highlight=False)
+              f", key {'set' if config.agent.api_key else 'from environment'}, {route}",
+              highlight=False)
     out.print(f"  workspace: {config.workspace_path}", highlight=False)
     out.print(f"  data:      {config.db_path}", highlight=False)
     out.print(f"  channels:  {', '.join(channels) or 'none'}", highlight=False)

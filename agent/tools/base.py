@@ -78,7 +78,10 @@ class Tool:
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)
         schema.setdefault("properties", {})
-        schema["additionalProperties"] = False
+        # Unknown arguments are refused by args_model (extra="forbid") with a message the model
+        # can act on; saying so in the schema too costs ~5 tokens a tool on every call, and
+        # some OpenAI-compatible servers (vLLM with guided decoding) refuse the keyword.
+        schema.pop("additionalProperties", None)
         self.parameters: dict[str, Any] = schema
 
     def schema(self) -> dict[str, Any]:

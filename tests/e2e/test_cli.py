@@ -54,6 +54,7 @@ async def test_config_check_ok(tmp_path: Path, llm: ScriptedLLM) -> None:
     assert code == 0
     assert out.splitlines()[0] == "ok"
     assert "openai/test-model" in out and str(tmp_path / "ws") in out
+    assert "posted directly (OpenAI-compatible)" in out
 
 
 async def test_config_check_names_each_bad_key(tmp_path: Path) -> None:

@@ -137,11 +137,17 @@ async def test_workspace_escape_goes_back_to_the_model(client: Client, llm: Scri
 
 async def test_unknown_tool_and_bad_arguments_are_errors_for_the_model(
         client: Client, llm: ScriptedLLM) -> None:
-    llm.tool_calls([("no_such_tool", {}), ("read_file", {"wrong": 1})]).reply("sorry")
+    llm.tool_calls([("no_such_tool", {}), ("read_file", {"wrong": 1}),
+                    ("list_dir", {"path": ".", "bogus": True})]).reply("sorry")
     assert (await client.ask("c1", "do it"))["text"] == "sorry"
     results = [m["content"] for m in llm.last_request["messages"] if m["role"] == "tool"]
     assert "unknown tool 'no_such_tool'" in results[0]
     assert "invalid arguments for read_file" in results[1] and "path" in results[1]
+    # The schemas leave additionalProperties out (tokens, and servers that refuse it); an
+    # argument the tool does not take is still refused, by name.
+    assert not any("additionalProperties" in t["function"]["parameters"]
+                   for t in llm.last_request["tools"])
+    assert "invalid arguments for list_dir" in results[2] and "bogus" in results[2]
 
 
 async def test_identical_repeated_calls_are_stopped(client: Client, llm: ScriptedLLM) -> None:
