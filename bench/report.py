@@ -91,9 +91,14 @@ def checks(r: dict[str, Any]) -> list[Check]:
         first = _get(r, f"turns.{kind}.first_vs_last.first_p50_ms")
         last = _get(r, f"turns.{kind}.first_vs_last.last_p50_ms")
         edge = _get(r, f"turns.{kind}.first_vs_last.edge")
+        repeats = _get(r, f"turns.{kind}.first_vs_last_repeats")
         add("2", f"{kind}: last-{edge} p50 vs first-{edge} p50 ({first} → {last} ms)",
-            change * 100 if change is not None else None, "{:+.1f} %", "≤ +10 %",
-            lambda v: v <= 10)
+            change * 100 if change is not None else None, "{:+.1f} %",
+            "" if repeats else "≤ +10 %", None if repeats else (lambda v: v <= 10))
+        if repeats:
+            spread = ", ".join(f"{c * 100:+.0f}" for c in repeats["changes"])
+            add("2", f"{kind}: the same, median of {repeats['series']} series ({spread} %)",
+                repeats["median_change"] * 100, "{:+.1f} %", "≤ +10 %", lambda v: v <= 10)
         settled = _get(r, f"turns.{kind}.settled_vs_last")
         if settled:
             add("2", f"{kind}: last-{edge} vs turns {settled['turns']}, history window full "

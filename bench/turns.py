@@ -8,6 +8,7 @@ its turns (the model server's and this client's CPU are reported beside it), and
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -77,3 +78,13 @@ def split_by_model_call(series_result: dict[str, Any], model_ms: list[float] | N
                 "change": round(last / first - 1, 4) if first else 0.0}
 
     return {"outside_model_call": change(outside), "model_call": change(model_ms)}
+
+
+def repeat_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Item 2 over several series of the same length, each in a fresh session: every
+    series' last-vs-first change and their median."""
+    changes = [r["first_vs_last"]["change"] for r in results]
+    return {"series": len(results), "changes": changes,
+            "median_change": round(statistics.median(changes), 4),
+            "first_p50_ms": [r["first_vs_last"]["first_p50_ms"] for r in results],
+            "last_p50_ms": [r["first_vs_last"]["last_p50_ms"] for r in results]}
