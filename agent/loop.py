@@ -364,7 +364,7 @@ class AgentLoop:
             chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
             kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
             tools=self.config.agent.tools, services=self.services(msg),
-            deliver_to=msg.deliver_to)
+            deliver_to=msg.deliver_to, deliver_thread=msg.deliver_thread)
         limit = self.config.agent.context.max_recent_messages
         compaction = await self.store.compaction(session.id)
         history, more = await self._history(session.id, compaction, limit)
@@ -486,7 +486,7 @@ class AgentLoop:
         return OutboundMessage(
             channel=channel, chat_id=chat_id, text=text, kind=kind,
             reply_to=None if system else msg.message_id,
-            thread_id=None if system else msg.thread_id, turn_id=turn_id,
+            thread_id=msg.deliver_thread if system else msg.thread_id, turn_id=turn_id,
             idempotency_key=f"{msg.channel}:{msg.chat_id}:{msg.message_id}:{kind}:{key or ''}")
 
     async def _answer(self, sources: list[InboundMessage], msg: InboundMessage, text: str, *,

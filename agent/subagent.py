@@ -118,7 +118,7 @@ class SubagentManager:
             channel=ctx.channel, chat_id=ctx.chat_id, sender_id="subagent",
             sender_name=f"subagent {sub_id}", kind="subagent", chat_type=ctx.chat_type,
             thread_id=ctx.thread_id, session_override=ctx.session_key,
-            deliver_to=ctx.reply_target,
+            deliver_to=ctx.reply_target, deliver_thread=ctx.reply_thread,
             text=f"{RESULT_TAG}\nTask: {task}\nOutcome: {result.stop_reason}\n\n{result.text}")
         try:
             await self.bus.publish_inbound(msg)

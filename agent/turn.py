@@ -76,6 +76,8 @@ class TurnContext:
     kind: InboundKind = "user"
     deliver_to: tuple[str, str] | None = None
     """A system turn's (cron, heartbeat) target chat; None for a user's own chat."""
+    deliver_thread: str | None = None
+    """The thread of ``deliver_to`` a system turn answers in (a topic the job was made in)."""
     turn_id: str = field(default_factory=new_id)
     services: TurnServices = field(default_factory=TurnServices)
 
@@ -88,3 +90,9 @@ class TurnContext:
         if self.kind in ("cron", "heartbeat"):
             return None
         return (self.channel, self.chat_id)
+
+    @property
+    def reply_thread(self) -> str | None:
+        """The thread of ``reply_target`` this turn answers in."""
+        return self.deliver_thread if self.deliver_to is not None else (
+            None if self.kind in ("cron", "heartbeat") else self.thread_id)

@@ -67,6 +67,8 @@ def cron_add(
     = "reminder",
     channel: Annotated[str | None, typer.Option("--channel", help="Target channel.")] = None,
     to: Annotated[str | None, typer.Option("--to", help="Target chat id.")] = None,
+    thread: Annotated[str | None, typer.Option(
+        "--thread", help="A Telegram topic or Discord thread id in that chat.")] = None,
     config_path: ConfigOpt = None,
 ) -> None:
     """Add a job; it runs in the gateway (a running one picks it up without a restart)."""
@@ -93,7 +95,7 @@ def cron_add(
     (schedule_kind, spec), = given
     new = NewJob(name=name, message=message, schedule_kind=schedule_kind, schedule=spec,
                  channel=channel, chat_id=to, kind=kind,  # type: ignore[arg-type]
-                 tz=tz, created_by="cli")
+                 tz=tz, created_by="cli", thread_id=thread or None)
 
     async def fn(jobs: Any) -> Any:
         return await jobs.add(new)

@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS cron_jobs (
     next_run TEXT,
     run_requested TEXT,
     created_by TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    thread_id TEXT
 );
 CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run) WHERE enabled = 1;
 CREATE INDEX IF NOT EXISTS cron_jobs_target ON cron_jobs(channel, chat_id);
@@ -68,7 +69,7 @@ CREATE TABLE IF NOT EXISTS cron_runs (
 );
 """
 _JOB_COLS = ("id, name, message, kind, schedule_kind, schedule, tz, anchor, channel, chat_id, "
-             "enabled, next_run, run_requested, created_by, created_at")
+             "enabled, next_run, run_requested, created_by, created_at, thread_id")
 
 
 def ts(when: datetime) -> str:
@@ -109,6 +110,8 @@ class NewJob:
     kind: JobKind = "reminder"
     tz: str | None = None
     created_by: str = "cli"
+    thread_id: str | None = None
+    """The topic or thread of the chat the job answers in (the one it was made in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +138,14 @@ class CronJob:
     run_requested: datetime | None
     created_by: str
     created_at: datetime
+    thread_id: str | None = None
     last: LastRun | None = None
 
     @property
     def target(self) -> str:
-        return f"{self.channel}:{self.chat_id}"
+        """``channel:chat_id``, with ``#thread`` when the job answers in a topic or thread."""
+        where = f"{self.channel}:{self.chat_id}"
+        return f"{where}#{self.thread_id}" if self.thread_id else where
 
 
 def _job(row: Any) -> CronJob:
@@ -148,7 +154,8 @@ def _job(row: Any) -> CronJob:
     return CronJob(id=row[0], name=row[1], message=row[2], kind=row[3],
                    schedule=Schedule(row[4], row[5], row[6], anchor), channel=row[8],
                    chat_id=row[9], enabled=bool(row[10]), next_run=_dt(row[11]),
-                   run_requested=_dt(row[12]), created_by=row[13], created_at=created)
+                   run_requested=_dt(row[12]), created_by=row[13], created_at=created,
+                   thread_id=row[15])
 
 
 class CronJobs:
@@ -165,6 +172,9 @@ class CronJobs:
 
     async def ensure(self) -> None:
         await self.store.ensure_schema(_SCHEMA)
+        columns = {row[1] for row in await self.store.fetchall("PRAGMA table_info(cron_jobs)")}
+        if "thread_id" not in columns:  # a database from before jobs kept their thread
+            await self.store.ensure_schema("ALTER TABLE cron_jobs ADD COLUMN thread_id TEXT;")
 
     async def add(self, new: NewJob) -> CronJob:
         """Validate and store a job; raises ScheduleError saying what is wrong."""
@@ -186,10 +196,10 @@ class CronJobs:
         async with self.store.transaction() as db:
             await db.execute(
                 f"INSERT INTO cron_jobs ({_JOB_COLS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?, ?)",
                 (job_id, name, new.message, new.kind, schedule.kind, schedule.spec, schedule.tz,
                  ts(schedule.anchor), new.channel, new.chat_id, ts(next_run), new.created_by,
-                 ts(now)))
+                 ts(now), new.thread_id))
         self._changed()
         job = await self.get(job_id)
         assert job is not None
@@ -405,13 +415,13 @@ class CronScheduler:
                 if not await self.jobs.outbox_has(key):  # else: sent before a crash
                     await self.bus.publish_outbound(OutboundMessage(
                         channel=job.channel, chat_id=job.chat_id, text=job.message,
-                        kind="cron", idempotency_key=key))
+                        thread_id=job.thread_id, kind="cron", idempotency_key=key))
                 _log.info("cron: reminder %s (%s) sent to %s", job.id, job.name, job.target)
                 return "ran", None, key
             await self.bus.publish_inbound(InboundMessage(
                 channel=CRON_CHANNEL, chat_id=job.id, sender_id="cron",
                 sender_name=f"scheduled task {job.name!r}", text=job.message, kind="cron",
-                deliver_to=(job.channel, job.chat_id),
+                deliver_to=(job.channel, job.chat_id), deliver_thread=job.thread_id,
                 message_id=task_message_id(job.id, run_at), received_at=now))
             _log.info("cron: task %s (%s) started for %s", job.id, job.name, job.target)
             return "ran", None, task_key_prefix(job.id, run_at)

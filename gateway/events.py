@@ -44,18 +44,24 @@ class Media:
                                   ("mime", self.mime), ("size", self.size)) if v is not None}
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def event_to_dict(event: Any) -> dict[str, Any]:
     """A bus event as JSON-ready data, for the durable inbox and outbox."""
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:  # dataclasses.fields builds a new tuple on every call: once per class
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in fields(event))
     out: dict[str, Any] = {}
-    for f in fields(event):
-        value = getattr(event, f.name)
+    for name in names:
+        value = getattr(event, name)
         if isinstance(value, datetime):
             value = value.isoformat()
-        elif f.name == "media":
+        elif name == "media":
             value = [m.to_dict() for m in value]
         elif isinstance(value, tuple):
             value = list(value)
-        out[f.name] = value
+        out[name] = value
     return out
 
 
@@ -87,6 +93,8 @@ class InboundMessage:
     kind: InboundKind = "user"
     deliver_to: tuple[str, str] | None = None
     """(channel, chat_id) a system message's answer goes to; None means back to its own chat."""
+    deliver_thread: str | None = None
+    """The thread (Telegram topic, Discord thread) of ``deliver_to`` the answer goes to."""
     session_override: str | None = None
     """A routing override from config; the model never chooses it."""
     metadata: dict[str, Any] = field(default_factory=dict)

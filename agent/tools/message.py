@@ -70,7 +70,7 @@ async def message(ctx: TurnContext, text: str, files: list[str] | None = None,
     kind: OutboundKind = ctx.kind if ctx.kind in ("cron", "heartbeat") else "reply"  # type: ignore[assignment]
     delivery = await send(OutboundMessage(
         channel=target[0], chat_id=target[1], text=text, media=media, kind=kind,
-        thread_id=ctx.thread_id if is_current and ctx.deliver_to is None else None,
+        thread_id=ctx.reply_thread if is_current else None,
         turn_id=ctx.turn_id))
     if not delivery.ok:
         why = delivery.error or "the channel refused it"

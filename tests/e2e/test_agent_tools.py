@@ -133,11 +133,14 @@ async def test_background_subagent_reports_to_the_chat(run_gateway: Any,
 
     llm.tool_call("spawn", {"task": "Count open issues.", "background": True})
     llm.respond_with(respond)
-    await client.post("c1", "count the open issues, in the background please")
+    # Asked in a topic (a Telegram forum topic, a Discord thread): the result comes back there.
+    await client.post("c1", "count the open issues, in the background please",
+                      thread_id="topic-7")
     first, second = await client.replies("c1", 2, wait=WAIT)
     assert first["text"] == "I've started that in the background."
     assert second["text"] == "Update: there are 3 open issues."
     assert second["reply_to"] is None
+    assert first["thread_id"] == second["thread_id"] == "topic-7"
     last = llm.last_request["messages"]
     assert "Message kind: subagent" in last[-2]["content"]  # the runtime block
     assert "Task: Count open issues." in last[-1]["content"]

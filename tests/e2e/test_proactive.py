@@ -99,6 +99,55 @@ async def test_a_reminder_arrives_verbatim_at_its_local_time_without_a_model_cal
     assert [role for role, _ in conversation] == ["user", "assistant", "tool", "assistant"]
 
 
+async def test_jobs_made_in_a_topic_answer_in_that_topic(make_config: MakeConfig,
+                                                         llm: ScriptedLLM) -> None:
+    config = berlin(make_config)
+    clock = FakeClock(START)
+    llm.tool_call("cron", {"action": "add", "message": "Stand-up in 5 minutes",
+                           "at": "2025-01-06T09:30", "name": "standup"})
+    llm.reply("Reminder set.")
+    llm.tool_call("cron", {"action": "add", "message": "Summarise the open pull requests.",
+                           "at": "2025-01-06T10:00", "kind": "task", "name": "prs"})
+    llm.reply("Task set.")
+    async with Gateway(config, clock=clock) as gw:
+        assert await gw.local.ask("c1", "remind me of the stand-up", thread_id="t42") == \
+            "Reminder set."
+        assert await gw.local.ask("c1", "and summarise PRs at 10", thread_id="t42") == \
+            "Task set."
+        assert gw.cron is not None
+        assert {j.target for j in await gw.cron.jobs.jobs()} == {"local:c1#t42"}
+        seen = (await records(gw))[-1]["seq"]
+        clock.advance(to=utc("2025-01-06 08:30"))  # 09:30 in Berlin
+        [reminder] = await records(gw, after=seen, wait=10)
+        assert (reminder["text"], reminder["thread_id"]) == ("Stand-up in 5 minutes", "t42")
+        llm.reply("Two PRs are open.")
+        clock.advance(to=utc("2025-01-06 09:00"))
+        [answer] = await records(gw, after=reminder["seq"], wait=10)
+        assert (answer["text"], answer["kind"], answer["thread_id"]) == (
+            "Two PRs are open.", "cron", "t42")
+
+
+async def test_a_cron_table_from_before_threads_is_upgraded(make_config: MakeConfig,
+                                                            llm: ScriptedLLM) -> None:
+    config = berlin(make_config)
+    config.db_path.parent.mkdir(parents=True, exist_ok=True)
+    store = await Store.open(config.db_path)
+    await store.ensure_schema(
+        "CREATE TABLE cron_jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, message TEXT NOT "
+        "NULL, kind TEXT NOT NULL, schedule_kind TEXT NOT NULL, schedule TEXT NOT NULL, tz TEXT "
+        "NOT NULL, anchor TEXT NOT NULL, channel TEXT NOT NULL, chat_id TEXT NOT NULL, enabled "
+        "INTEGER NOT NULL DEFAULT 1, next_run TEXT, run_requested TEXT, created_by TEXT NOT "
+        "NULL, created_at TEXT NOT NULL);"
+        "INSERT INTO cron_jobs VALUES ('j1', 'old', 'hi', 'reminder', 'every', '3600', 'UTC', "
+        "'2025-01-06T07:00:00+00:00', 'local', 'c1', 1, '2025-01-06T08:00:00+00:00', NULL, "
+        "'cli', '2025-01-06T07:00:00+00:00');")
+    await store.close()
+    async with Gateway(config, clock=FakeClock(START)) as gw:
+        assert gw.cron is not None
+        [job] = await gw.cron.jobs.jobs()
+        assert (job.id, job.target, job.thread_id) == ("j1", "local:c1", None)
+
+
 async def test_a_task_runs_in_its_own_session_and_its_reply_reaches_the_target(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
     platform = ScriptedChannel()
