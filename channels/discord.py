@@ -48,6 +48,7 @@ from channels.discord_convert import (
     allowed_mentions,
     discord,
 )
+from channels.discord_cursors import Cursors
 from channels.discord_inbound import Inbound
 from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
 from channels.sent_parts import SentParts
@@ -166,7 +167,8 @@ class DiscordChannel:
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
         self._inbound = Inbound(config, bus=bus, pairing=self.pairing, outbound=self._outbound,
                                 client=self._live_client, inbox_dir=workspace / "inbox",
-                                on_handled=self._notify)
+                                on_handled=self._notify, cursors=Cursors(store))
+        self._read_back_at_start = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
@@ -200,6 +202,8 @@ class DiscordChannel:
         self._redact_logs(True)
         await self.pairing.setup()
         await self._sent.setup()
+        # What was said while the gateway was stopped is read back once connected.
+        self._read_back_at_start = await self._inbound.restore()
         self._running = True
         runner = self._runner = self._spawn(self._run(), "discord-gateway")
         self._spawn(self._inbound.run(), "discord-inbound")
@@ -351,7 +355,9 @@ class DiscordChannel:
             self.resumes += 1
         else:
             self._sessions += 1
-            if self._sessions > 1:  # a fresh session: Discord replayed nothing
+            # A fresh session replays nothing: read back what was missed, after a lost
+            # session or, on the first one, since the gateway last ran.
+            if self._sessions > 1 or self._read_back_at_start:
                 self._spawn(self._catch_up(), "discord-catch-up")
         self._ready.set()
         self._settled.set()

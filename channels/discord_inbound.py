@@ -39,6 +39,7 @@ from channels.discord_convert import (
     too_big_note,
     too_big_reply,
 )
+from channels.discord_cursors import Cursor, Cursors
 from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
 from gateway.bus import BusClosed, MessageBus
 from gateway.config import DiscordChannelConfig
@@ -57,8 +58,10 @@ PUBLISH_ATTEMPTS = 5
 class Inbound:
     def __init__(self, config: DiscordChannelConfig, *, bus: MessageBus, pairing: PairingStore,
                  outbound: Outbound, client: Callable[[], discord.Client | None],
-                 inbox_dir: Path, on_handled: Callable[[], Awaitable[None]]) -> None:
-        """``client()``: the logged-in client or None; ``on_handled`` after each message."""
+                 inbox_dir: Path, on_handled: Callable[[], Awaitable[None]],
+                 cursors: Cursors | None = None) -> None:
+        """``client()``: the logged-in client or None; ``on_handled`` after each message;
+        ``cursors``: where each channel's reading is kept across restarts."""
         self.config = config
         self._bus = bus
         self._pairing = pairing
@@ -70,8 +73,9 @@ class Inbound:
         self._queue: asyncio.Queue[discord.Message] = asyncio.Queue()
         self._context = GroupContext(self.config.group_history, MAX_CONTEXT_CHATS)
         self._seen: OrderedDict[int, None] = OrderedDict()
-        self._cursors: OrderedDict[int, tuple[int | None, int]] = OrderedDict()
+        self._cursors: OrderedDict[int, Cursor] = OrderedDict()
         """Channel id → (guild id, last message id handled there)."""
+        self._cursor_store = cursors
         self._parents: dict[int, int | None] = {}
         self.last_inbound: datetime | None = None
 
@@ -102,9 +106,34 @@ class Inbound:
             if not await self._publish(msg):
                 return  # stopping: the bus takes nothing more
         self._remember(message)
+        await self._save_cursor(message)
         if ready:
             self.last_inbound = utcnow()
         await self._on_handled()
+
+    async def restore(self) -> bool:
+        """Load where reading stopped before a restart; True when there is anything to read
+        back (then ``catch_up()`` on the first session)."""
+        if self._cursor_store is None:
+            return False
+        await self._cursor_store.setup()
+        for channel_id, cursor in (await self._cursor_store.load(MAX_CURSORS)).items():
+            known = self._cursors.get(channel_id)
+            if known is None or known[1] < cursor[1]:
+                self._cursors[channel_id] = cursor
+        return bool(self._cursors)
+
+    async def _save_cursor(self, message: discord.Message) -> None:
+        if self._cursor_store is None:
+            return
+        guild_id = message.guild.id if message.guild is not None else None
+        try:
+            await self._cursor_store.save(message.channel.id, guild_id, message.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the message itself is stored; only a restart's read-back
+            _log.warning("discord: could not record the read position of channel %s: %s",
+                         message.channel.id, exc)
 
     async def catch_up(self) -> None:
         """Queue what was said, after the last message handled, in recently active channels."""

@@ -350,6 +350,29 @@ async def test_a_fresh_session_reads_back_what_it_missed(
     assert llm.calls == 2  # the first message was not answered again
 
 
+async def test_what_was_said_while_stopped_is_answered_after_a_restart(
+        make_config: MakeConfig, dc: FakeDiscord, llm: ScriptedLLM,
+        world: dict[str, Any]) -> None:
+    config = discord_config(make_config, dc)
+    dm = dc.dm_channel(world["ada"])
+    llm.reply("one")
+    async with Gateway(config, grace=2.0):
+        dc.post(dm, world["ada"], "first")
+        await dc.wait_sent(dm["id"])
+    # Discord keeps nothing for a bot that is away: only the channel history has it.
+    dc.post(dm, world["ada"], "said while Parley was stopped")
+    dc.post(world["general"], world["bob"], "unrelated chatter in a channel never read")
+    llm.reply("caught up")
+    async with Gateway(config, grace=2.0) as gw:
+        replies = await dc.wait_sent(dm["id"], 2)
+        assert replies[1].content == "caught up"
+        assert channel_of(gw).catch_ups == 1
+        assert await gw.manager.flush(5)
+    assert user_texts(llm.last_request)[-1] == "said while Parley was stopped"
+    assert llm.calls == 2  # "first" was not answered again
+    assert [m.content for m in dc.sent_to(dm["id"])] == ["one", "caught up"]
+
+
 async def test_unacknowledged_heartbeats_reconnect(make_config: MakeConfig,
                                                    world: dict[str, Any]) -> None:
     async with FakeDiscord(heartbeat_interval=0.1) as fast:
