@@ -22,6 +22,7 @@ import re
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -265,6 +266,25 @@ _STORES: dict[tuple[Path, MemoryConfig, str], MemoryStore] = {}
 _GLOBAL = threading.Lock()
 
 
+@contextlib.contextmanager
+def _across_processes(root: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the workspace folder itself (no lock file to show up in the
+    agent's listings): the gateway and ``parley chat`` on one workspace append in turn, so
+    neither's read-modify-write loses the other's note. Where flock is missing (Windows),
+    only this process's own lock applies."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _write_lock_for(root: Path) -> threading.Lock:
     """One lock per workspace, shared by every store on it: appends never interleave."""
     with _GLOBAL:
@@ -311,7 +331,8 @@ class MemoryStore:
 
     def _append(self, rel: str, title: str, entry: str, *, limit: int | None = None) -> Saved:
         path = self.workspace / rel
-        with self._write_lock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._write_lock, _across_processes(self.workspace):
             try:
                 raw: bytes | None = path.read_bytes()
             except FileNotFoundError:
