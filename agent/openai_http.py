@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,6 +41,26 @@ CONTEXT_SIGNS = (
 )
 
 
+_TLS: ssl.SSLContext | None = None
+
+
+def tls_context() -> ssl.SSLContext:
+    """The system's trusted CAs (and ``SSL_CERT_FILE``/``SSL_CERT_DIR``), plus certifi's
+    bundle, which the SDKs ship with: a slim container without CA certificates still
+    reaches a hosted OpenAI-compatible API."""
+    global _TLS
+    if _TLS is None:
+        context = ssl.create_default_context()
+        try:
+            import certifi
+
+            context.load_verify_locations(certifi.where())
+        except (ImportError, OSError):
+            pass
+        _TLS = context
+    return _TLS
+
+
 class OpenAIHTTP:
     """One connection pool per provider; created in the loop that first calls it."""
 
@@ -60,7 +81,7 @@ class OpenAIHTTP:
             self._loop = loop
             session = self._session = aiohttp.ClientSession(
                 timeout=self._timeout, trust_env=True,
-                connector=aiohttp.TCPConnector(limit=100))
+                connector=aiohttp.TCPConnector(limit=100, ssl=tls_context()))
         return session
 
     async def aclose(self) -> None:
@@ -88,6 +109,11 @@ class OpenAIHTTP:
             raise
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise ProviderUnavailable("timed out", model=model, cause="timeout") from exc
+        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
+            raise ProviderError(
+                f"the TLS certificate of {self.url} is not trusted ({exc.certificate_error}); "
+                "if the server uses a private CA, point SSL_CERT_FILE at it", model=model
+            ) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderUnavailable("connection failed", model=model) from exc
         except aiohttp.ClientError as exc:

@@ -16,7 +16,12 @@ import pytest
 from aiohttp import web
 
 from agent import openai_http
-from agent.errors import ProviderBadRequest, ProviderContextTooLarge, ProviderUnavailable
+from agent.errors import (
+    ProviderBadRequest,
+    ProviderContextTooLarge,
+    ProviderError,
+    ProviderUnavailable,
+)
 from agent.provider import Provider
 from gateway.config import AgentConfig
 
@@ -231,3 +236,65 @@ asyncio.run(main())
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["hi", "128000", "False"]
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by itself, and its key."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from datetime import UTC, datetime, timedelta
+    from ipaddress import ip_address
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "parley test CA")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_https_with_a_private_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer(completion({"content": "over TLS"})))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    config = {"model": "openai/m1", "api_base": f"https://127.0.0.1:{port}/v1",
+              "max_retries": 2, "retry_backoff": 0.001}
+    try:
+        monkeypatch.setattr(openai_http, "_TLS", None)
+        untrusted = Provider(AgentConfig.model_validate(config))
+        with pytest.raises(ProviderError) as info:
+            await untrusted.complete(HELLO)
+        await untrusted.aclose()
+        assert "not trusted" in str(info.value) and "SSL_CERT_FILE" in str(info.value)
+        assert not isinstance(info.value, ProviderUnavailable)  # not retried: it cannot help
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        monkeypatch.setattr(openai_http, "_TLS", None)
+        trusted = Provider(AgentConfig.model_validate(config))
+        assert (await trusted.complete(HELLO)).content == "over TLS"
+        await trusted.aclose()
+    finally:
+        monkeypatch.setattr(openai_http, "_TLS", None)
+        await runner.cleanup()
