@@ -14,6 +14,9 @@ import typer
 from rich.table import Table
 
 # gateway.cli imports this module to register it: the rest is imported when a command runs.
+WIDE_TABLE = 120
+"""Terminal columns from which ``cron list`` prints one table row per job."""
+
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
     show_default=False)]
@@ -122,19 +125,35 @@ def cron_list(config_path: ConfigOpt = None) -> None:
     if not found:
         out.print("no scheduled jobs", highlight=False)
         return
-    table = Table("id", "name", "kind", "schedule", "target", "next run", "last run", "status",
-                  "delivery")
+    rows = []
     for job in found:
         tz = job.schedule.tz
         last = job.last
         status = last.status if last else "-"
         if last is not None and last.detail and status in ("missed", "failed"):
             status = f"{status}: {last.detail}"
-        table.add_row(job.id, job.name, job.kind, job.schedule.describe(), job.target,
-                      _local(job.next_run, tz) if job.enabled else "done",
-                      _local(last.run_at, tz) if last else "-", status,
-                      last.delivery if last else "-")
-    out.print(table)
+        rows.append((job.id, job.name, job.kind, job.schedule.describe(), job.target,
+                     _local(job.next_run, tz) if job.enabled else "done",
+                     _local(last.run_at, tz) if last else "-", status,
+                     last.delivery if last else "-"))
+    if out.width >= WIDE_TABLE:
+        table = Table("id", "name", "kind", "schedule", "target", "next run", "last run",
+                      "status", "delivery")
+        table.columns[0].no_wrap = True  # the id is what `remove` and `run` take
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+        return
+    # A narrow terminal: nine columns would wrap every cell; one block per job reads better.
+    for i, (job_id, name, kind, schedule, target, next_run, last_run, status, delivery) in \
+            enumerate(rows):
+        if i:
+            out.print()
+        out.print(f"{job_id}  {name}  ({kind} → {target})", highlight=False, markup=False)
+        out.print(f"  schedule  {schedule}", highlight=False, markup=False)
+        out.print(f"  next run  {next_run}", highlight=False, markup=False)
+        out.print(f"  last run  {last_run}  status {status}  delivery {delivery}",
+                  highlight=False, markup=False)
 
 
 @cron_app.command("remove")

@@ -200,9 +200,9 @@ async def test_a_job_added_with_the_cli_is_picked_up_by_the_running_gateway(
     at = (start + timedelta(hours=2)).astimezone(BERLIN).strftime("%Y-%m-%dT%H:%M:%S")
     env = {**os.environ, "COLUMNS": "250", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
-    async def parley(*args: str) -> str:
+    async def parley(*args: str, columns: int = 250) -> str:
         proc = await asyncio.create_subprocess_exec(
-            PARLEY, "cron", *args, "--config", str(path), env=env,
+            PARLEY, "cron", *args, "--config", str(path), env={**env, "COLUMNS": str(columns)},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, err.decode()
@@ -223,8 +223,12 @@ async def test_a_job_added_with_the_cli_is_picked_up_by_the_running_gateway(
         assert await gw.manager.flush(10)
         await clock.settled(1)  # the run is recorded
         listing = await parley("list")
+        narrow = await parley("list", columns=80)  # a plain terminal: a block per job
     row = next(line for line in listing.splitlines() if job_id in line)
     assert "tea" in row and "done" in row and "ran" in row and "delivered" in row
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert narrow.splitlines()[0] == f"{job_id}  tea  (reminder → local:c1)"
+    assert "status ran  delivery delivered" in narrow
     assert llm.calls == 0
 
 
