@@ -97,6 +97,12 @@ class OpenAIHTTP:
             async with self._client().post(self.url, data=data, headers=self._headers) as resp:
                 if resp.status >= 400:
                     raw = await _read(resp, 64 * 1024, truncate=True)
+                    if resp.status in (404, 405) and b"model" not in raw.lower():
+                        # Nothing answers at this path (not "no such model"): the usual
+                        # cause is an api_base without its /v1.
+                        raise ProviderBadRequest(
+                            f"{self.url} answered {resp.status} ({_error_text(raw)}); check "
+                            "agent.api_base: most servers want it to end in /v1", model=model)
                     raise _status_error(resp.status, raw, resp.headers, model)
                 if body.get("stream"):
                     assembler = StreamAssembler()

@@ -298,3 +298,15 @@ async def test_https_with_a_private_ca(tmp_path: Path, monkeypatch: pytest.Monke
     finally:
         monkeypatch.setattr(openai_http, "_TLS", None)
         await runner.cleanup()
+
+
+async def test_a_wrong_api_base_is_named(raw: RawServer, make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer("404 page not found", 404, "text/plain"))  # Ollama without /v1
+    with pytest.raises(ProviderBadRequest) as info:
+        await make().complete(HELLO)
+    assert "/v1/chat/completions answered 404 (404 page not found)" in str(info.value)
+    assert "end in /v1" in str(info.value)
+    raw.handlers.append(answer({"error": {"message": "model 'm1' not found"}}, 404))
+    with pytest.raises(ProviderBadRequest) as missing:
+        await make().complete(HELLO)
+    assert str(missing.value) == "model 'm1' not found"  # the server's own words
