@@ -74,6 +74,7 @@ class OpenAIHTTP:
                                               sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._completion_tokens_models: set[str] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         session, loop = self._session, asyncio.get_running_loop()
@@ -90,7 +91,22 @@ class OpenAIHTTP:
             await session.close()
 
     async def complete(self, body: dict[str, Any], model: str) -> LLMResponse:
-        """POST ``body`` (``model`` is the configured name, for errors and the answer)."""
+        """POST ``body`` (``model`` is the configured name, for errors and the answer).
+
+        OpenAI's reasoning models refuse ``max_tokens`` and want ``max_completion_tokens``;
+        a server that says so gets the request again with that name, and from then on."""
+        if body["model"] in self._completion_tokens_models and "max_tokens" in body:
+            body = {**body, "max_completion_tokens": body["max_tokens"]}
+            del body["max_tokens"]
+        try:
+            return await self._post(body, model)
+        except ProviderBadRequest as exc:
+            if "max_completion_tokens" not in str(exc) or "max_tokens" not in body:
+                raise
+        self._completion_tokens_models.add(body["model"])
+        return await self.complete(body, model)
+
+    async def _post(self, body: dict[str, Any], model: str) -> LLMResponse:
         started = time.perf_counter()
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         try:

@@ -310,3 +310,19 @@ async def test_a_wrong_api_base_is_named(raw: RawServer, make: Callable[..., Pro
     with pytest.raises(ProviderBadRequest) as missing:
         await make().complete(HELLO)
     assert str(missing.value) == "model 'm1' not found"  # the server's own words
+
+
+async def test_max_completion_tokens_when_the_model_asks_for_it(
+        raw: RawServer, make: Callable[..., Provider]) -> None:
+    refusal = {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with "
+                                    "this model. Use 'max_completion_tokens' instead.",
+                         "type": "invalid_request_error", "param": "max_tokens"}}
+    raw.handlers += [answer(refusal, 400), answer(completion({"content": "thought about it"})),
+                     answer(completion({"content": "again"}))]
+    provider = make(max_tokens=300)
+    assert (await provider.complete(HELLO)).content == "thought about it"
+    assert (await provider.complete(HELLO)).content == "again"
+    first, retried, later = raw.bodies
+    assert first["max_tokens"] == 300 and "max_completion_tokens" not in first
+    for body in (retried, later):  # remembered: no refused request before each call
+        assert body["max_completion_tokens"] == 300 and "max_tokens" not in body
