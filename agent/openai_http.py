@@ -170,14 +170,21 @@ async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, A
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue  # blank separators, ": keep-alive" comments, event: names
-            data = line[5:].strip()
+            data = _sse_data(line)
             if data == b"[DONE]":
                 return
             if data:
                 yield _json(data, None)
+    data = _sse_data(buffer)  # a last event the server did not end with a newline
+    if data and data != b"[DONE]":
+        yield _json(data, None)
+
+
+def _sse_data(line: bytes) -> bytes | None:
+    """A ``data:`` line's payload; None for blank separators, ``: keep-alive`` comments and
+    ``event:`` names."""
+    line = line.strip()
+    return line[5:].strip() if line.startswith(b"data:") else None
 
 
 def _stream_event(assembler: StreamAssembler, event: dict[str, Any], model: str) -> None:

@@ -326,3 +326,12 @@ async def test_max_completion_tokens_when_the_model_asks_for_it(
     assert first["max_tokens"] == 300 and "max_completion_tokens" not in first
     for body in (retried, later):  # remembered: no refused request before each call
         assert body["max_completion_tokens"] == 300 and "max_tokens" not in body
+
+
+async def test_a_stream_that_ends_without_done_or_newline(
+        raw: RawServer, make: Callable[..., Provider]) -> None:
+    text = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}'
+    raw.handlers.append(sse([text, usage]))
+    r = await make(stream=True).complete(HELLO)
+    assert (r.content, r.prompt_tokens, r.completion_tokens) == ("hi", 3, 1)
