@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+_THINK_OPEN = re.compile(r"\A\s*<think>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think>\s*", re.IGNORECASE)
+
+
+def without_reasoning(content: str | None) -> str | None:
+    """The answer without the reasoning local models (DeepSeek-R1 and its distills, Qwen3,
+    QwQ, served by Ollama, llama.cpp or LM Studio) write into it as ``<think>…</think>``:
+    it is not for the chat, and sent back as history it only costs tokens. A reply that
+    starts with ``<think>`` and never closes it was all reasoning (cut off by the length
+    limit); one with a lone ``</think>`` had its opening tag in the prompt template."""
+    if not content:
+        return content
+    opened = _THINK_OPEN.match(content)
+    closed = _THINK_CLOSE.search(content)
+    if closed is None:
+        return None if opened else content
+    if opened is None and "<think>" in content[:closed.start()].lower():
+        return content  # a tag in the middle of the answer: talk about tags, not reasoning
+    return content[closed.end():] or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +88,8 @@ class StreamAssembler:
         tool_calls = tuple(ToolCall(id=c["id"] or f"call_{i}", name=c["name"],
                                     arguments=c["arguments"] or "{}")
                            for i, c in sorted(self.calls.items()))
-        return LLMResponse(content="".join(self.text) or None, tool_calls=tool_calls,
+        return LLMResponse(content=without_reasoning("".join(self.text)) or None,
+                           tool_calls=tool_calls,
                            model=model, finish_reason=self.finish,
                            prompt_tokens=self.prompt_tokens,
                            completion_tokens=self.completion_tokens, latency_ms=latency_ms)

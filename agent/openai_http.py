@@ -27,7 +27,7 @@ from agent.errors import (
     ProviderError,
     ProviderUnavailable,
 )
-from agent.llm_types import LLMResponse, StreamAssembler, ToolCall
+from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """A reply larger than this is refused: no chat answer is that big, a broken server might be."""
@@ -244,7 +244,7 @@ def _from_payload(payload: dict[str, Any], model: str, started: float) -> LLMRes
     usage = payload.get("usage")
     usage = usage if isinstance(usage, dict) else {}
     return LLMResponse(
-        content=_text(message.get("content")), tool_calls=calls,
+        content=without_reasoning(_text(message.get("content"))), tool_calls=calls,
         model=payload.get("model") or model, finish_reason=choice.get("finish_reason"),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),

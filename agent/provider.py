@@ -28,7 +28,7 @@ from agent.errors import (
     ProviderNotConfigured,
     ProviderUnavailable,
 )
-from agent.llm_types import LLMResponse, StreamAssembler, ToolCall
+from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
 from agent.openai_http import OpenAIHTTP
 from gateway.config import AgentConfig
 
@@ -300,8 +300,12 @@ def _from_response(raw: Any, model: str, started: float) -> LLMResponse:
                  arguments=c.function.arguments or "{}")
         for i, c in enumerate(message.tool_calls or ()))
     usage = getattr(raw, "usage", None)
+    content = message.content
+    if content and getattr(message, "reasoning_content", None):
+        content = content.lstrip()  # litellm took the <think> block out, not what followed it
     return LLMResponse(
-        content=message.content, tool_calls=calls, model=getattr(raw, "model", None) or model,
+        content=without_reasoning(content) or None, tool_calls=calls,
+        model=getattr(raw, "model", None) or model,
         finish_reason=choice.finish_reason,
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),

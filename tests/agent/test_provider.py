@@ -76,6 +76,22 @@ async def test_streamed_text(llm: ScriptedLLM, provider: MakeProvider) -> None:
     assert r.content == "a longer streamed answer" and not r.tool_calls
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reasoning_is_not_part_of_the_answer(llm: ScriptedLLM, provider: MakeProvider,
+                                                  stream: bool) -> None:
+    """Local reasoning models write <think>…</think> into the answer (Ollama, llama.cpp)."""
+    llm.reply("<think>The user greets me. I should greet back.</think>\n\nHello!")
+    llm.reply("they greeted; the template opened the tag</think>Hi again.")
+    llm.reply("<think>so much to consider, and then the length limit")
+    p = provider(stream=stream)
+    assert (await p.complete(HELLO)).content == "Hello!"
+    assert (await p.complete(HELLO)).content == "Hi again."
+    assert (await p.complete(HELLO)).content is None  # all reasoning: an empty answer
+    llm.reply("Wrap it in <think> and </think> tags, like HTML.")
+    assert (await p.complete(HELLO)).content == \
+        "Wrap it in <think> and </think> tags, like HTML."
+
+
 async def test_retries_then_succeeds(llm: ScriptedLLM, provider: MakeProvider) -> None:
     llm.error(429).error(500).error(503).reply("ok")
     r = await provider(max_retries=3).complete(HELLO)
