@@ -35,6 +35,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.http_api import ApiError, json_errors
 from gateway.bus import BusClosed, MessageBus
 from gateway.config import LocalChannelConfig
 from gateway.events import ChatType, InboundMessage, Media, MediaKind, OutboundMessage
@@ -62,15 +63,6 @@ _KINDS: dict[str, MediaKind] = {"image": "image", "audio": "audio", "video": "vi
 
 class LocalChannelError(Exception):
     """The local channel cannot do what was asked (unsafe listen address, stopped channel)."""
-
-
-class ApiError(LocalChannelError):
-    """A refused HTTP request; a validation ``message`` starts with the field at fault."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 # --- pure validation --------------------------------------------------------------------------
@@ -280,27 +272,6 @@ def _save_inline(spec: InlineMedia, media_dir: Path) -> Media:
 
 # --- aiohttp middlewares ---------------------------------------------------------------------
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        auth = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _error(exc.status, exc.message, auth)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return _error(exc.status, exc.reason.lower(), allow)
-    except Exception:
-        _log.exception("local channel: %s %s failed", request.method, request.path)
-        return _error(500, "internal error")
-
-
 def _bearer_auth(token: str) -> Middleware:
     expected = f"Bearer {token}".encode()
 
@@ -356,7 +327,7 @@ class LocalChannel:
             raise LocalChannelError(
                 f"channels.local: refusing to listen on {host!r} without a token; "
                 "set channels.local.token or listen on 127.0.0.1")
-        middlewares: list[Middleware] = [_json_errors]
+        middlewares: list[Middleware] = [json_errors(_log, "local channel")]
         if self.config.token:
             middlewares.append(_bearer_auth(self.config.token))
         app = web.Application(client_max_size=self._max_body, middlewares=middlewares)

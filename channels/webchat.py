@@ -33,6 +33,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.typedefs import Handler
 
 from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.http_api import ApiError, json_errors
 from channels.webchat_frames import (
     IMAGE_TYPES,
     FrameError,
@@ -78,15 +79,6 @@ class WebchatError(Exception):
     """The channel cannot start (unsafe listen address, port taken)."""
 
 
-class ApiError(Exception):
-    """A refused HTTP request; ``message`` starts with the field at fault."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
 @dataclass(eq=False)
 class _Socket:
     """One open WebSocket. Frames go through a queue drained by one writer, so frames reach the
@@ -114,28 +106,6 @@ class _Socket:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
-
-
-def _error(status: int, message: str) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return _error(exc.status, exc.message)
-    except FrameError as exc:
-        return _error(400, exc.message)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _error(exc.status, exc.reason.lower())
-    except Exception:
-        _log.exception("webchat: %s %s failed", request.method, request.path)
-        return _error(500, "internal error")
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -187,7 +157,7 @@ class WebchatChannel:
                                "which is not loopback; set a token or use host 127.0.0.1")
         await self._log.ensure_schema()
         self._static = await asyncio.to_thread(self._read_static)
-        app = web.Application(middlewares=[_json_errors])
+        app = web.Application(middlewares=[json_errors(_log, "webchat", (FrameError,))])
         if self._token is None:
             app.middlewares.append(self._loopback_hosts_only)
         app.on_response_prepare.append(_security_headers)

@@ -49,6 +49,29 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _blank_is_none(value: Any) -> Any:
+    """An empty value means "not set": what ``${VAR:-}`` gives when VAR is unset."""
+    return None if value == "" else value
+
+
+def _ids_as_text(value: Any) -> Any:
+    """Ids are numbers in YAML (``- 123456``); kept as text like the usernames beside them."""
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+OptionalStr = Annotated[str | None, BeforeValidator(_blank_is_none)]
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_is_none)]
+IdList = Annotated[list[str], BeforeValidator(_ids_as_text)]
+
+
+def _require_token(value: SecretStr | None, info: ValidationInfo, how: str) -> SecretStr | None:
+    if value is None and info.data.get("enabled"):
+        raise ValueError(how)
+    return value
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -129,15 +152,10 @@ class WebSearchConfig(_Model):
     """``web_search`` (``agent/tools/web.py``): offered only when a provider is set."""
 
     provider: Literal["none", "brave", "searxng"] = "none"
-    api_key: SecretStr | None = None
-    base_url: str | None = None
+    api_key: OptionalSecret = None
+    base_url: OptionalStr = None
     """Brave: the API endpoint (default Brave's); SearXNG: the instance (JSON format on)."""
     max_results: int = Field(5, gt=0, le=20)
-
-    @field_validator("api_key", "base_url", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     @model_validator(mode="after")
     def _provider_needs(self) -> WebSearchConfig:
@@ -243,19 +261,14 @@ class FallbackModelConfig(_Model):
     model name shares the main model's ``api_base`` and ``api_key``."""
 
     model: str = Field(min_length=1)
-    api_base: str | None = None
-    api_key: str | None = None
-
-    @field_validator("api_base", "api_key", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
+    api_base: OptionalStr = None
+    api_key: OptionalStr = None
 
 
 class AgentConfig(_Model):
     model: str = "openai/gpt-4o-mini"
-    api_base: str | None = None
-    api_key: str | None = None
+    api_base: OptionalStr = None
+    api_key: OptionalStr = None
     fallbacks: list[str | FallbackModelConfig] = Field(default_factory=list)
     temperature: float | None = Field(None, ge=0, le=2)
     max_tokens: int = Field(4096, gt=0)
@@ -277,11 +290,6 @@ class AgentConfig(_Model):
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()
 
-    @field_validator("api_base", "api_key", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
-
     @field_validator("timezone")
     @classmethod
     def _known_timezone(cls, value: str) -> str:
@@ -298,14 +306,9 @@ class LocalChannelConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    token: str | None = None
+    token: OptionalStr = None
     max_text_chars: int = Field(100_000, gt=0)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
-
-    @field_validator("token", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
 
 
 class TerminalChannelConfig(_Model):
@@ -318,47 +321,31 @@ class TelegramChannelConfig(_Model):
     """``channels/telegram.py``."""
 
     enabled: bool = False
-    token: SecretStr | None = Field(None, validate_default=True)
+    token: OptionalSecret = Field(None, validate_default=True)
     base_url: str = "https://api.telegram.org/bot"
     base_file_url: str = "https://api.telegram.org/file/bot"
     mode: Literal["polling", "webhook"] = "polling"
-    webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_url: OptionalStr = None
+    webhook_secret: OptionalSecret = None
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = Field(8443, ge=0, le=65535)
-    allow_from: list[str] = Field(default_factory=list)
+    allow_from: IdList = Field(default_factory=list)
     dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
     group_policy: Literal["mention", "open", "disabled"] = "mention"
-    allow_groups: list[str] = Field(default_factory=list)
+    allow_groups: IdList = Field(default_factory=list)
     group_history: int = Field(20, ge=0, le=500)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
     poll_timeout: Duration = 30.0
     watchdog: Duration = 90.0
     typing_interval: Duration = 5.0
 
-    @field_validator("token", "webhook_url", "webhook_secret", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
-
     @field_validator("token")
     @classmethod
     def _token_when_enabled(cls, value: SecretStr | None,
                             info: ValidationInfo) -> SecretStr | None:
-        if value is None and info.data.get("enabled"):
-            raise ValueError("required when channels.telegram.enabled is true: create a bot "
-                             "with @BotFather and set channels.telegram.token (e.g. "
-                             "${TELEGRAM_BOT_TOKEN})")
-        return value
-
-    @field_validator("allow_from", "allow_groups", mode="before")
-    @classmethod
-    def _ids_as_text(cls, value: Any) -> Any:
-        """Ids are numbers in YAML (``- 123456``); kept as text like the usernames beside them."""
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                    for v in value]
-        return value
+        return _require_token(value, info, "required when channels.telegram.enabled is true: "
+                              "create a bot with @BotFather and set channels.telegram.token "
+                              "(e.g. ${TELEGRAM_BOT_TOKEN})")
 
     @field_validator("webhook_secret")
     @classmethod
@@ -385,15 +372,15 @@ class DiscordChannelConfig(_Model):
     """``channels/discord.py``."""
 
     enabled: bool = False
-    token: SecretStr | None = Field(None, validate_default=True)
+    token: OptionalSecret = Field(None, validate_default=True)
     api_base: str = "https://discord.com/api/v10"
     """Discord's REST base; another Discord-compatible server's (its ``GET /gateway`` names
     the websocket). Process-wide in discord.py: one Discord base per gateway process."""
-    allow_from: list[str] = Field(default_factory=list)
+    allow_from: IdList = Field(default_factory=list)
     """User ids always served."""
-    allow_guilds: list[str] = Field(default_factory=list)
+    allow_guilds: IdList = Field(default_factory=list)
     """Server ids: when set, the bot answers in these servers only, and there to anyone."""
-    allow_channels: list[str] = Field(default_factory=list)
+    allow_channels: IdList = Field(default_factory=list)
     """Channel ids: when set, the bot answers in these channels (and their threads) only, and
     there to anyone."""
     dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
@@ -407,28 +394,13 @@ class DiscordChannelConfig(_Model):
     watchdog: Duration = 90.0
     connect_timeout: Duration = 30.0
 
-    @field_validator("token", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
-
     @field_validator("token")
     @classmethod
     def _token_when_enabled(cls, value: SecretStr | None,
                             info: ValidationInfo) -> SecretStr | None:
-        if value is None and info.data.get("enabled"):
-            raise ValueError("required when channels.discord.enabled is true: create a bot in "
-                             "the Discord developer portal (Bot → Reset Token) and set "
-                             "channels.discord.token (e.g. ${DISCORD_BOT_TOKEN})")
-        return value
-
-    @field_validator("allow_from", "allow_guilds", "allow_channels", mode="before")
-    @classmethod
-    def _ids_as_text(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                    for v in value]
-        return value
+        return _require_token(value, info, "required when channels.discord.enabled is true: "
+                              "create a bot in the Discord developer portal (Bot → Reset "
+                              "Token) and set channels.discord.token (e.g. ${DISCORD_BOT_TOKEN})")
 
     @field_validator("allow_from", "allow_guilds", "allow_channels")
     @classmethod
