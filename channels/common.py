@@ -1,13 +1,16 @@
 """Pieces every platform adapter needs: keeping bot tokens out of logs and error texts, the
-backoff between reconnects, and the group chatter kept as context."""
+backoff between reconnects, the group chatter kept as context, and waiting for a change of
+state."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Self
 
 from gateway.events import InboundMessage
 
@@ -24,6 +27,22 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = 0.5
+
+
+class StateWatch:
+    """A mixin: ``_notify()`` after each change of state (connected, polled, message handled),
+    ``wait_until(predicate)`` for ``start()`` and tests, which never sleep to find out."""
+
+    _changed: asyncio.Condition
+
+    async def wait_until(self, predicate: Callable[[Self], bool],
+                         timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 import yarl
 
 from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.common import StateWatch
 from channels.discord_convert import (
     NAME,
     TEXT_LIMIT,
@@ -135,7 +136,7 @@ class _Client(discord.Client):
         self._owner._saw_event()
 
 
-class DiscordChannel:
+class DiscordChannel(StateWatch):
     name = NAME
     hints = ChannelHints(
         markup="Discord markdown, shown natively (bold, italic, underline __x__, "
@@ -422,17 +423,6 @@ class DiscordChannel:
             "catch_ups": self.catch_ups, "watchdog_restarts": self.watchdog_restarts,
             "error": self.fatal}
         return ChannelStatus(running=up, detail=detail)
-
-    async def wait_until(self, predicate: Callable[[DiscordChannel], bool],
-                         timeout: float = 10.0) -> None:  # noqa: ASYNC109
-        """Wait for a change of state (connects, messages handled) that makes ``predicate``
-        true."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: predicate(self))
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
 
     # --- outbound -------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from telegram.request import HTTPXRequest
 
 from agent.commands import COMMAND_DESCRIPTIONS
 from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.common import StateWatch
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     ALLOWED_UPDATES,
@@ -76,7 +77,7 @@ def _iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts else None
 
 
-class TelegramChannel:
+class TelegramChannel(StateWatch):
     name = NAME
     hints = ChannelHints(
         markup="Markdown, shown as Telegram formatting (bold, italic, strikethrough, inline "
@@ -231,16 +232,6 @@ class TelegramChannel:
             "last_send_ok": _iso(self._outbound.last_send_ok),
             "watchdog_restarts": self.watchdog_restarts, "offset": self._offset}
         return ChannelStatus(running=self._running and not stale, detail=detail)
-
-    async def wait_until(self, predicate: Callable[[TelegramChannel], bool],
-                         timeout: float = 10.0) -> None:  # noqa: ASYNC109
-        """Wait for a change of state (polls, restarts) that makes ``predicate`` true."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: predicate(self))
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
 
     # --- polling and the watchdog ---------------------------------------------------------------
 
