@@ -120,7 +120,8 @@ class OpenAIHTTP:
                             f"{self.url} answered {resp.status} ({_error_text(raw)}); check "
                             "agent.api_base: most servers want it to end in /v1", model=model)
                     raise _status_error(resp.status, raw, resp.headers, model)
-                if body.get("stream"):
+                # Some proxies stream whatever was asked: read what came, not what was asked.
+                if body.get("stream") or resp.content_type == "text/event-stream":
                     assembler = StreamAssembler()
                     async for event in _sse_events(resp):
                         _stream_event(assembler, event, model)

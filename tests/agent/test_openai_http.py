@@ -335,3 +335,11 @@ async def test_a_stream_that_ends_without_done_or_newline(
     raw.handlers.append(sse([text, usage]))
     r = await make(stream=True).complete(HELLO)
     assert (r.content, r.prompt_tokens, r.completion_tokens) == ("hi", 3, 1)
+
+
+async def test_a_stream_that_was_not_asked_for_is_read(raw: RawServer,
+                                                      make: Callable[..., Provider]) -> None:
+    raw.handlers.append(sse([b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}}]}\n\n',
+                             b"data: [DONE]\n\n"]))
+    r = await make().complete(HELLO)
+    assert "stream" not in raw.bodies[0] and r.content == "ok"
