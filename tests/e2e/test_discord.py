@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 import channels.discord as discord_channel
-from agent.provider import warm_up
 from gateway.app import Gateway
 from gateway.config import Config
 from tests.conftest import MakeConfig
@@ -28,13 +27,6 @@ GUILD_ID, GENERAL_ID, THREAD_ID = 320000000000005000, 330000000000006000, 340000
 OTHER_ID = GENERAL_ID + 1
 BOT = {"id": str(BOT_ID), "username": "parley", "global_name": "Parley", "discriminator": "0",
        "avatar": None, "bot": True}
-
-
-@pytest.fixture(autouse=True)
-async def _model_library_loaded() -> None:
-    """litellm takes seconds to import on its first use in a process: pay that before the
-    test, not inside the waits of whichever test happens to run first."""
-    await asyncio.to_thread(warm_up)
 
 
 @pytest.fixture
