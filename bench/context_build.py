@@ -7,6 +7,9 @@ with the config ``parley onboard`` writes, the default workspace and the default
 
 The history is a plausible chat: a short question and a longer answer per turn, and every
 fifth turn a ``read_file`` call with a ~1,500-character result.
+
+Last, the 1,000-message session again with three years of daily memory logs (1,095 files)
+in the workspace: memory recall searches them on every build.
 """
 
 from __future__ import annotations
@@ -133,16 +136,52 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
                     build.append(t2 - t1)
                     total.append(t2 - t0)
             assert built is not None
-            snap = built.snapshot
-            out["sizes"][str(size)] = {
-                "stored_messages": size,
-                "recent_messages": summary_ms(fetch), "build": summary_ms(build),
-                "total": summary_ms(total),
-                "prompt_tokens": snap.get("total_tokens"),
-                "messages_in_prompt": len(built.messages),
-                "history_kept": snap.get("sources", {}).get("history_kept"),
-                "trimmed": snap.get("trimmed"),
-            }
+            out["sizes"][str(size)] = _figures(size, fetch, build, total, built)
+        size = sorted(sizes)[len(sizes) // 2]
+        _daily_logs(config.workspace_path / "memory", days=1095)
+        builder = ContextBuilder(config, counter, window=window)  # a fresh recall index
+        session = await store.active_session(f"local:ctx-{size}")
+        build = []
+        for i in range(iterations + 10):
+            inbound = make_inbound(f"ctx-{size}", f"what did we say about the lighthouse {i}")
+            t0 = time.perf_counter()
+            history = await store.recent_messages(session.id, limit)
+            built = builder.build(inbound=inbound, history=history, hints=LocalChannel.hints,
+                                  tools_tokens=tools_tokens, session_key=f"local:ctx-{size}",
+                                  turn_id=f"m{i}")
+            if i >= 10:
+                build.append(time.perf_counter() - t0)
+        out["with_daily_logs"] = {"stored_messages": size, "daily_logs": 1095,
+                                  "total": summary_ms(build),
+                                  "memory_recalled": built.snapshot["sources"]["memory_recalled"]}
     finally:
         await store.close()
     return out
+
+
+def _daily_logs(folder: Path, days: int) -> None:
+    """One log a day, a few entries each; now and then the word the queries look for."""
+    from datetime import date, timedelta
+
+    folder.mkdir(parents=True, exist_ok=True)
+    first = date(2023, 1, 1)
+    for n in range(days):
+        day = first + timedelta(days=n)
+        extra = f"\n\n[17:30] walked to the lighthouse, day {n}" if n % 97 == 0 else ""
+        (folder / f"{day}.md").write_text(
+            f"# {day}\n\n[09:10] stand-up: planning item {n}, review of ticket {n * 7}\n\n"
+            f"[13:00] lunch with the team, talked about release {n % 12}{extra}\n")
+
+
+def _figures(size: int, fetch: list[float], build: list[float], total: list[float],
+             built: Any) -> dict[str, Any]:
+    snap = built.snapshot
+    return {
+        "stored_messages": size,
+        "recent_messages": summary_ms(fetch), "build": summary_ms(build),
+        "total": summary_ms(total),
+        "prompt_tokens": snap.get("total_tokens"),
+        "messages_in_prompt": len(built.messages),
+        "history_kept": snap.get("sources", {}).get("history_kept"),
+        "trimmed": snap.get("trimmed"),
+    }

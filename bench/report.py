@@ -137,6 +137,11 @@ def checks(r: dict[str, Any]) -> list[Check]:
         ratio = sizes["10000"]["total"]["p50_ms"] / sizes["1000"]["total"]["p50_ms"]
         add("4", "context build p50: 10,000 vs 1,000 stored messages", (ratio - 1) * 100,
             "{:+.1f} %", "flat (≤ +20 %)", lambda v: v <= 20)
+    logs = _get(r, "context.with_daily_logs")
+    if logs:
+        add("4", f"context build p50, {logs['stored_messages']:,} stored messages and "
+            f"{logs['daily_logs']:,} daily memory logs", logs["total"]["p50_ms"], "{:.2f} ms",
+            "", None)
     mem = r.get("memory") or {}
     add("5", "RSS after start (healthy) / ready (one turn answered)",
         mem.get("rss_after_healthy_kb", 0) / 1024 if mem else None,

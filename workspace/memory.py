@@ -21,8 +21,9 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +38,9 @@ _log = logging.getLogger(__name__)
 MemoryKind = Literal["fact", "log"]
 Sources = Literal["logs", "all"]
 LOG_DIR = "memory"
+RECENT_LOGS = 3
+"""Daily logs looked at on every turn (today's, and yesterday's across midnight and zones)."""
+FULL_RESCAN_SECONDS = 60.0
 RECALL_HEADER = "Memory recall (may be relevant):"
 MAX_ENTRY_CHARS = 2000
 MAX_CHUNK_CHARS = 800
@@ -295,10 +299,13 @@ class MemoryStore:
     """The memory files of one workspace. Thread-safe; the tools call it through a thread."""
 
     def __init__(self, workspace: Path, config: MemoryConfig | None = None, *,
-                 timezone: str = "UTC") -> None:
+                 timezone: str = "UTC", clock: Callable[[], float] = time.monotonic) -> None:
         self.workspace = workspace
         self.config = config or MemoryConfig()
         self.tz = ZoneInfo(timezone)
+        self._clock = clock
+        self._listing: tuple[Signature, float, list[tuple[str, Path, Signature]]] | None = None
+        """The daily logs as last listed: (folder signature, when, entries sorted by name)."""
         self._write_lock = _write_lock_for(workspace.expanduser().resolve())
         self._index_lock = threading.Lock()
         self._files: dict[str, tuple[Signature, tuple[_Doc, ...]]] = {}
@@ -369,19 +376,52 @@ class MemoryStore:
                 st = path.stat()
                 if path.is_file():
                     found.append((MEMORY_FILE, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
+        found.extend(self._logs())
+        found.sort()
+        return found
+
+    def _logs(self) -> list[tuple[str, Path, Signature]]:
+        """The daily logs and their signatures, without a ``stat`` of every one every turn
+        (three years of logs took 6 ms a turn). A file made, replaced or removed changes the
+        folder, and this store's own writes replace files: then the folder is listed again.
+        Otherwise only the newest ``RECENT_LOGS`` are looked at (what gets appended to), and
+        the rest every ``FULL_RESCAN_SECONDS``, for a log edited in place by hand."""
+        folder = self.workspace / LOG_DIR
         try:
-            with os.scandir(self.workspace / LOG_DIR) as entries:
-                for entry in entries:
+            st = folder.stat()
+        except OSError:
+            self._listing = None
+            return []
+        folder_sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        now = self._clock()
+        listing = self._listing
+        if listing is not None and listing[0] == folder_sig and \
+                now - listing[1] < FULL_RESCAN_SECONDS:
+            entries = listing[2]
+            for i in range(max(0, len(entries) - RECENT_LOGS), len(entries)):
+                rel, path, _ = entries[i]
+                try:
+                    fst = path.stat(follow_symlinks=False)
+                except OSError:  # gone: list again next time
+                    self._listing = None
+                    continue
+                entries[i] = (rel, path, (fst.st_ino, fst.st_mtime_ns, fst.st_size))
+            return list(entries)
+        entries = []
+        try:
+            with os.scandir(folder) as found:
+                for entry in found:
                     # symlinks are not followed: a log cannot lead search out of the workspace
                     if entry.name.endswith(".md") and not entry.name.startswith(".") \
                             and entry.is_file(follow_symlinks=False):
-                        st = entry.stat(follow_symlinks=False)
-                        found.append((f"{LOG_DIR}/{entry.name}", Path(entry.path),
-                                      (st.st_ino, st.st_mtime_ns, st.st_size)))
+                        fst = entry.stat(follow_symlinks=False)
+                        entries.append((f"{LOG_DIR}/{entry.name}", Path(entry.path),
+                                        (fst.st_ino, fst.st_mtime_ns, fst.st_size)))
         except (FileNotFoundError, NotADirectoryError):
             pass
-        found.sort()
-        return found
+        entries.sort()
+        self._listing = (folder_sig, now, entries)
+        return list(entries)
 
     def _docs(self, rel: str, path: Path, sig: Signature) -> tuple[_Doc, ...]:
         cached = self._files.get(rel)

@@ -10,6 +10,7 @@ import pytest
 
 from agent.budget import TokenCounter
 from gateway.config import MemoryConfig
+from workspace import memory as memory_mod
 from workspace.bootstrap import seed_workspace
 from workspace.memory import (
     MAX_CHUNK_CHARS,
@@ -338,3 +339,40 @@ def test_memory_store_for_shares_one_instance(tmp_path: Path) -> None:
     assert memory_store_for(tmp_path, MemoryConfig(), timezone="Europe/Berlin") is a
     assert memory_store_for(tmp_path, config, timezone="UTC") is not a
     assert memory_store_for(tmp_path / "other", config, timezone="Europe/Berlin") is not a
+
+
+def test_daily_logs_are_not_all_stat_ed_every_turn(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Years of daily logs: a search looks at the newest few and at the folder; an old log
+    edited in place is seen at the next full listing, a new log at once."""
+    logs = tmp_path / "memory"
+    logs.mkdir()
+    for day in range(1, 29):
+        (logs / f"2025-02-{day:02d}.md").write_text(f"# 2025-02-{day:02d}\n\n[09:00] day {day}\n")
+    now = [0.0]
+    store = MemoryStore(tmp_path, clock=lambda: now[0])
+    assert store.search("lighthouse") == []
+    listings: list[object] = []
+    real_scandir = memory_mod.os.scandir
+
+    def counting_scandir(path: object) -> object:
+        listings.append(path)
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(memory_mod.os, "scandir", counting_scandir)
+    assert store.search("lighthouse") == []
+    assert listings == []  # nothing changed: the folder is not listed, 28 files not stat-ed
+    with (logs / "2025-02-28.md").open("a") as fh:  # today's log, appended in place
+        fh.write("\n[18:00] visited the lighthouse\n")
+    assert [h.path for h in store.search("lighthouse")] == ["memory/2025-02-28.md"]
+    with (logs / "2025-02-02.md").open("a") as fh:  # an old log edited by hand, in place
+        fh.write("\n[10:00] the lighthouse keeper called\n")
+    assert len(store.search("lighthouse")) == 1  # not listed again yet
+    (logs / "2025-03-01.md").write_text("# 2025-03-01\n\n[08:00] lighthouse tour booked\n")
+    assert len(store.search("lighthouse")) == 3  # a new file changes the folder: listed again
+    assert len(listings) == 1
+    now[0] += memory_mod.FULL_RESCAN_SECONDS
+    (logs / "2025-02-03.md").write_text(
+        (logs / "2025-02-03.md").read_text() + "\n[11:00] lighthouse again\n")
+    # same size folder, edited in place: the full listing after a minute finds it
+    assert len(store.search("lighthouse")) == 4
