@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,20 @@ class Provider:
     async def _call(self, target: Target, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None,
                     max_tokens: int | None = None) -> LLMResponse:
+        try:
+            return await self._call_unscrubbed(target, messages, tools, max_tokens)
+        except ProviderError as exc:
+            # What a server says goes to the log and into the chat: some proxies quote the
+            # key they refused, whole.
+            text = str(exc)
+            clean = _without_keys(text, [t.api_key for t in self.targets])
+            if clean != text:
+                exc.args = (clean,)
+            raise
+
+    async def _call_unscrubbed(self, target: Target, messages: list[dict[str, Any]],
+                               tools: list[dict[str, Any]] | None,
+                               max_tokens: int | None = None) -> LLMResponse:
         model = target.model
         if target.http is not None:
             body = self._body(model[len("openai/"):], messages, tools, max_tokens)
@@ -279,6 +294,19 @@ class Provider:
             raise
         except Exception as exc:
             raise _map_error(lib, exc, model) from exc
+
+
+_KEY_NAMES = re.compile(r"(API_KEY|APIKEY|_TOKEN|_SECRET)$")
+
+
+def _without_keys(text: str, configured: list[str | None]) -> str:
+    """``text`` with the configured keys and the provider keys in the environment
+    (``OPENAI_API_KEY``, ...) replaced by ``[key]``."""
+    keys = [k for k in configured if k] + [
+        v for n, v in os.environ.items() if _KEY_NAMES.search(n.upper()) and len(v) >= 8]
+    for key in sorted(set(keys), key=len, reverse=True):
+        text = text.replace(key, "[key]")
+    return text
 
 
 def route(model: str) -> str:

@@ -218,3 +218,12 @@ async def test_unreachable_server_is_named(transport: str) -> None:
         await p.complete(HELLO)
     await p.aclose()
     assert "could not be reached" in info.value.user_message
+
+
+async def test_a_key_quoted_in_an_error_is_not_repeated(llm: ScriptedLLM,
+                                                        provider: MakeProvider) -> None:
+    llm.error(401, "invalid api key 'sk-test' for this proxy")
+    with pytest.raises(ProviderAuthError) as info:
+        await provider().complete(HELLO)
+    assert "sk-test" not in str(info.value) and "sk-test" not in info.value.user_message
+    assert "[key]" in str(info.value)
