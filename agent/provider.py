@@ -114,21 +114,25 @@ class Target:
 class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.targets = [self._target(config.model, config.api_base, config.api_key)]
+        pools: dict[tuple[str, str | None], OpenAIHTTP] = {}  # one per server and key
+        self.targets = [self._target(config.model, config.api_base, config.api_key, pools)]
         for fallback in config.fallbacks:
             if isinstance(fallback, str):  # the main model's server and key
-                self.targets.append(self._target(fallback, config.api_base, config.api_key))
+                self.targets.append(self._target(fallback, config.api_base, config.api_key,
+                                                 pools))
             else:
                 self.targets.append(self._target(fallback.model, fallback.api_base,
-                                                 fallback.api_key))
+                                                 fallback.api_key, pools))
         self.models = [t.model for t in self.targets]
 
-    def _target(self, model: str, api_base: str | None, api_key: str | None) -> Target:
+    def _target(self, model: str, api_base: str | None, api_key: str | None,
+                pools: dict[tuple[str, str | None], OpenAIHTTP]) -> Target:
         http = None
         if api_base and model.startswith("openai/") and self.config.transport == "auto":
-            http = next((t.http for t in getattr(self, "targets", ())
-                         if t.http and (t.api_base, t.api_key) == (api_base, api_key)), None)
-            http = http or OpenAIHTTP(api_base, api_key, self.config.timeout)
+            http = pools.get((api_base, api_key))
+            if http is None:
+                http = pools[(api_base, api_key)] = OpenAIHTTP(api_base, api_key,
+                                                               self.config.timeout)
         return Target(model, api_base, api_key, http)
 
     def direct(self, model: str) -> bool:
