@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,11 @@ from gateway.store import Compaction, Store, StoredMessage
 _log = logging.getLogger(__name__)
 
 STOP_WAIT = 5.0
+PROMPT_CUT_MIN = 1500
+PROMPT_CUT_SHARE = 0.6
+"""A server that reports fewer prompt tokens than this share of what was sent is cutting the
+prompt (tokenizers differ by ±20 %, not by 40 %)."""
+PROMPT_CUT_EVERY = 600.0
 MANUAL_KEEP = 2
 """/compact and a context overflow keep only the last exchange word for word."""
 COMPACTION_READ_LIMIT = 5000
@@ -110,6 +116,7 @@ class AgentLoop:
         self._tools_tokens: tuple[list[dict[str, Any]], int] | None = None
         self.turns_done = 0
         self.recent_errors: list[str] = []
+        self._prompt_cut_said = -PROMPT_CUT_EVERY
 
     @property
     def context(self) -> ContextBuilder:
@@ -424,6 +431,7 @@ class AgentLoop:
             if lane is not None and lane.stop_requested:  # /stop: keep what was done
                 await asyncio.shield(self.recorder.finish(record, result, status="stopped"))
             raise  # shutdown: nothing stored, the message is answered after the next start
+        self._check_prompt_kept(built, result)
         reply = self._outbound(msg, result.text, "reply", ctx.turn_id)
         deliver = _deliverable(msg, ctx, result.text)
         await self.recorder.finish(record, result, status=result.stop_reason,
@@ -432,6 +440,24 @@ class AgentLoop:
         self.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+
+    def _check_prompt_kept(self, built: BuiltContext, result: RunResult) -> None:
+        """Ollama keeps 4,096 prompt tokens unless told otherwise and silently drops the rest
+        from the start: the system prompt first. The usage it reports gives it away."""
+        if not result.responses:
+            return
+        sent, seen = built.snapshot["total_tokens"], result.responses[0].prompt_tokens
+        now = time.monotonic()
+        if sent < PROMPT_CUT_MIN or not 0 < seen < PROMPT_CUT_SHARE * sent or \
+                now - self._prompt_cut_said < PROMPT_CUT_EVERY:
+            return
+        self._prompt_cut_said = now
+        text = (f"the model server counted {seen:,} prompt tokens where Parley sent about "
+                f"{sent:,}: it is probably cutting the prompt, instructions first. Raise its "
+                "context length (Ollama: OLLAMA_CONTEXT_LENGTH, default 4096) or set "
+                "agent.context.max_context_tokens to what it keeps")
+        _log.warning("%s", text)
+        self._note_error(text)
 
     def _budget(self, built: BuiltContext) -> TurnBudget:
         limit = self.context.max_context_tokens - self.config.agent.context.reply_reserve_tokens

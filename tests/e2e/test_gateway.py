@@ -6,6 +6,7 @@ every other provider). Nothing of ours is mocked."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import aiohttp
@@ -346,3 +347,25 @@ async def test_no_task_of_ours_survives_stop(make_config: MakeConfig, llm: Scrip
     await gw.stop()  # twice is fine
     left = [t for t in asyncio.all_tasks() - before if not t.done()]
     assert left == [], [(t.get_name(), t.get_coro()) for t in left]
+
+
+async def test_a_server_that_cuts_the_prompt_is_named_once(client: Client, llm: ScriptedLLM,
+                                                           gateway: Gateway) -> None:
+    """Ollama keeps 4,096 tokens unless told otherwise and drops the start of a longer prompt
+    without a word; the usage it reports is the only sign."""
+    cut = {"prompt_tokens": 700, "completion_tokens": 2, "total_tokens": 702}
+    llm.reply("hi", usage=cut).reply("hi again", usage=cut)
+    assert (await client.ask("c1", "hello"))["text"] == "hi"
+    assert (await client.ask("c1", "hello again"))["text"] == "hi again"
+    said = [e for e in gateway.health()["recent_errors"] if "cutting the prompt" in e]
+    assert len(said) == 1 and "OLLAMA_CONTEXT_LENGTH" in said[0]
+    sent = re.search(r"counted 700 prompt tokens where Parley sent about ([\d,]+)", said[0])
+    assert sent and int(sent.group(1).replace(",", "")) > 1500  # the first hello
+
+
+async def test_a_server_that_keeps_the_prompt_is_not_suspected(client: Client,
+                                                               llm: ScriptedLLM,
+                                                               gateway: Gateway) -> None:
+    llm.reply("hi", usage={"prompt_tokens": 1700, "completion_tokens": 2, "total_tokens": 1702})
+    await client.ask("c1", "hello")  # another tokenizer: within its usual difference
+    assert gateway.health()["recent_errors"] == []
