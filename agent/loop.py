@@ -442,8 +442,9 @@ class AgentLoop:
             await self.bus.publish_outbound(reply, stored=True)
 
     def _check_prompt_kept(self, built: BuiltContext, result: RunResult) -> None:
-        """Ollama keeps 4,096 prompt tokens unless told otherwise and silently drops the rest
-        from the start: the system prompt first. The usage it reports gives it away."""
+        """Ollama keeps 4,096 prompt tokens (under 24 GiB of GPU memory) unless told otherwise
+        and silently drops the rest from the start: the system prompt first. The usage it
+        reports gives it away."""
         if not result.responses:
             return
         sent, seen = built.snapshot["total_tokens"], result.responses[0].prompt_tokens
@@ -454,7 +455,7 @@ class AgentLoop:
         self._prompt_cut_said = now
         text = (f"the model server counted {seen:,} prompt tokens where Parley sent about "
                 f"{sent:,}: it is probably cutting the prompt, instructions first. Raise its "
-                "context length (Ollama: OLLAMA_CONTEXT_LENGTH, default 4096) or set "
+                "context length (Ollama: OLLAMA_CONTEXT_LENGTH, often 4096 by default) or set "
                 "agent.context.max_context_tokens to what it keeps")
         _log.warning("%s", text)
         self._note_error(text)
