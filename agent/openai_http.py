@@ -17,6 +17,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -67,6 +68,8 @@ class OpenAIHTTP:
     def __init__(self, api_base: str, api_key: str | None, timeout: float) -> None:
         base = api_base.rstrip("/")
         self.url = base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+        self.shown_url = _without_credentials(self.url)
+        """What errors show: a user:password in ``api_base`` stays out of logs and chats."""
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          # Local servers rarely check keys; send one anyway, as the SDKs do.
                          "Authorization": f"Bearer {api_key or 'not-needed'}"}
@@ -117,7 +120,7 @@ class OpenAIHTTP:
                         # Nothing answers at this path (not "no such model"): the usual
                         # cause is an api_base without its /v1.
                         raise ProviderBadRequest(
-                            f"{self.url} answered {resp.status} ({_error_text(raw)}); check "
+                            f"{self.shown_url} answered {resp.status} ({_error_text(raw)}); check "
                             "agent.api_base: most servers want it to end in /v1", model=model)
                     raise _status_error(resp.status, raw, resp.headers, model)
                 # Some proxies stream whatever was asked: read what came, not what was asked.
@@ -134,14 +137,24 @@ class OpenAIHTTP:
             raise ProviderUnavailable("timed out", model=model, cause="timeout") from exc
         except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
             raise ProviderError(
-                f"the TLS certificate of {self.url} is not trusted ({exc.certificate_error}); "
-                "if the server uses a private CA, point SSL_CERT_FILE at it", model=model
+                f"the TLS certificate of {self.shown_url} is not trusted "
+                f"({exc.certificate_error}); if the server uses a private CA, point "
+                "SSL_CERT_FILE at it", model=model
             ) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderUnavailable("connection failed", model=model) from exc
         except aiohttp.ClientError as exc:
             raise ProviderUnavailable(f"{type(exc).__name__}: {exc}", model=model,
                                       cause="server_error") from exc
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
 
 
 async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:

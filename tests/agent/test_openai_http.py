@@ -343,3 +343,13 @@ async def test_a_stream_that_was_not_asked_for_is_read(raw: RawServer,
                              b"data: [DONE]\n\n"]))
     r = await make().complete(HELLO)
     assert "stream" not in raw.bodies[0] and r.content == "ok"
+
+
+async def test_a_password_in_api_base_stays_out_of_errors(
+        raw: RawServer, make: Callable[..., Provider]) -> None:
+    raw.handlers.append(answer("404 page not found", 404, "text/plain"))
+    base = raw.base_url.replace("http://", "http://bob:s3cret@")
+    with pytest.raises(ProviderBadRequest) as info:
+        await make(api_base=base).complete(HELLO)
+    assert "s3cret" not in str(info.value) and "bob" not in str(info.value)
+    assert raw.base_url.removeprefix("http://") in str(info.value)
