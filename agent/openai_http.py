@@ -17,7 +17,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
@@ -67,12 +67,19 @@ class OpenAIHTTP:
 
     def __init__(self, api_base: str, api_key: str | None, timeout: float) -> None:
         base = api_base.rstrip("/")
-        self.url = base if base.endswith("/chat/completions") else f"{base}/chat/completions"
-        self.shown_url = _without_credentials(self.url)
-        """What errors show: a user:password in ``api_base`` stays out of logs and chats."""
+        url = base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+        self.url = _without_credentials(url)
+        """Also what errors show: a user:password in ``api_base`` stays out of logs and
+        chats."""
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            # A server behind a proxy's basic auth: that is the authorization it takes.
+            auth = aiohttp.encode_basic_auth(unquote(parts.username or ""),
+                                             unquote(parts.password or ""))
+        else:  # local servers rarely check keys; send one anyway, as the SDKs do
+            auth = f"Bearer {api_key or 'not-needed'}"
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
-                         # Local servers rarely check keys; send one anyway, as the SDKs do.
-                         "Authorization": f"Bearer {api_key or 'not-needed'}"}
+                         "Authorization": auth}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
                                               sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -120,7 +127,7 @@ class OpenAIHTTP:
                         # Nothing answers at this path (not "no such model"): the usual
                         # cause is an api_base without its /v1.
                         raise ProviderBadRequest(
-                            f"{self.shown_url} answered {resp.status} ({_error_text(raw)}); check "
+                            f"{self.url} answered {resp.status} ({_error_text(raw)}); check "
                             "agent.api_base: most servers want it to end in /v1", model=model)
                     raise _status_error(resp.status, raw, resp.headers, model)
                 # Some proxies stream whatever was asked: read what came, not what was asked.
@@ -137,7 +144,7 @@ class OpenAIHTTP:
             raise ProviderUnavailable("timed out", model=model, cause="timeout") from exc
         except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
             raise ProviderError(
-                f"the TLS certificate of {self.shown_url} is not trusted "
+                f"the TLS certificate of {self.url} is not trusted "
                 f"({exc.certificate_error}); if the server uses a private CA, point "
                 "SSL_CERT_FILE at it", model=model
             ) from exc

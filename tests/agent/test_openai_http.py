@@ -353,3 +353,4 @@ async def test_a_password_in_api_base_stays_out_of_errors(
         await make(api_base=base).complete(HELLO)
     assert "s3cret" not in str(info.value) and "bob" not in str(info.value)
     assert raw.base_url.removeprefix("http://") in str(info.value)
+    assert raw.headers[0]["Authorization"] == "Basic Ym9iOnMzY3JldA=="  # bob:s3cret
