@@ -123,7 +123,6 @@ class Provider:
             else:
                 self.targets.append(self._target(fallback.model, fallback.api_base,
                                                  fallback.api_key, pools))
-        self.models = [t.model for t in self.targets]
 
     def _target(self, model: str, api_base: str | None, api_key: str | None,
                 pools: dict[tuple[str, str | None], OpenAIHTTP]) -> Target:
