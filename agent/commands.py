@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.events import InboundMessage
-from gateway.store import Store
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store import Store
+from gateway.kernel.values import COMMAND_DESCRIPTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,15 +16,6 @@ class CommandInfo:
     tools: list[str]
     queued: int = 0
 
-
-COMMAND_DESCRIPTIONS: dict[str, str] = {
-    "new": "start a fresh conversation (the old one stays saved)",
-    "stop": "stop the running answer at once (what you sent is kept)",
-    "compact": "summarise the older part of the conversation now (/compact [focus])",
-    "status": "model, session, message count and context size",
-    "help": "list the commands",
-}
-"""What channels show in their command menus (Telegram's setMyCommands, ...)."""
 
 HELP = "Commands:\n" + "\n".join(f"/{name} — {text}" for name, text in
                                    COMMAND_DESCRIPTIONS.items())

@@ -17,8 +17,8 @@ from agent.budget import TokenCounter
 from agent.context import history_groups
 from agent.errors import ProviderError
 from agent.provider import Provider
-from gateway.config import CompactionConfig
-from gateway.store import Compaction, Store, StoredMessage, content_text
+from gateway.kernel.config import CompactionConfig
+from gateway.kernel.store import Compaction, Store, StoredMessage, content_text
 
 _log = logging.getLogger(__name__)
 

@@ -24,11 +24,10 @@ from zoneinfo import ZoneInfo
 
 import workspace as workspace_package
 from agent.budget import TokenCounter
-from agent.queueing import SENDERS_INLINE
-from channels.base import ChannelHints
-from gateway.config import Config
-from gateway.events import InboundMessage, event_to_dict
-from gateway.store import Compaction, StoredMessage
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage, event_to_dict
+from gateway.kernel.store import Compaction, StoredMessage
+from gateway.kernel.values import ChannelHints
 from workspace.bootstrap import (
     BOOTSTRAP_FILES,
     HEARTBEAT_FILE,
@@ -210,7 +209,7 @@ class ContextBuilder:
     def stored_user_message(self, inbound: InboundMessage) -> dict[str, Any]:
         text = inbound.text
         if inbound.chat_type == "group" and inbound.kind == "user" and \
-                not inbound.metadata.get(SENDERS_INLINE):
+                not inbound.senders_inline:
             text = f"[{inbound.sender_name or inbound.sender_id}] {text}"
         images = [m.path for m in inbound.media if m.kind == "image" and m.path]
         extra = [self._media_note(inbound)] if any(m.kind != "image" or not m.path

@@ -30,11 +30,9 @@ from agent.runner import Runner, RunResult, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
 from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext, TurnServices
-from channels.base import ChannelHints
-from gateway.bus import MessageBus
-from gateway.config import Config
-from gateway.events import (
-    CONTEXT_ONLY,
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import Config
+from gateway.kernel.events import (
     ChatActivity,
     InboundMessage,
     OutboundKind,
@@ -42,8 +40,9 @@ from gateway.events import (
     new_id,
     utcnow,
 )
-from gateway.heartbeat import heartbeat_ok
-from gateway.store import Compaction, Store, StoredMessage
+from gateway.kernel.heartbeat_ack import heartbeat_ok
+from gateway.kernel.store import Compaction, Store, StoredMessage
+from gateway.kernel.values import ChannelHints
 
 _log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class AgentLoop:
         def take() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
             while lane.waiting and not lane.waiting[0].msg.is_command and \
-                not lane.waiting[0].msg.metadata.get(CONTEXT_ONLY):
+                not lane.waiting[0].msg.context_only:
                 arrived = lane.waiting.pop(0)
                 work.sources.extend(arrived.sources)
                 body = self.context.stored_user_message(arrived.msg)
@@ -247,7 +246,7 @@ class AgentLoop:
     async def handle(self, work: Work, lane: _Lane | None = None) -> None:
         """Process one turn; every failure becomes a message in the chat, not a traceback."""
         msg = work.msg
-        if msg.metadata.get(CONTEXT_ONLY):
+        if msg.context_only:
             await self._keep_as_context(work)
             return
         self.bus.activity(ChatActivity(channel=msg.channel, chat_id=msg.chat_id,

@@ -42,7 +42,8 @@ from mcp_types import Tool as RemoteTool
 
 from agent.tools.base import Tool, ToolError, ToolRegistry
 from agent.turn import TurnContext
-from gateway.config import MCPConfig, MCPServerConfig
+from gateway.kernel.backoff import BackoffPolicy
+from gateway.kernel.config import MCPConfig, MCPServerConfig
 
 _log = logging.getLogger(__name__)
 
@@ -182,19 +183,23 @@ class _Server:
         return "stdio" if self.config.command else "http"
 
     async def run(self) -> None:
-        delay = self.manager.initial_backoff
+        backoff = BackoffPolicy(self.manager.initial_backoff, self.manager.config.max_backoff,
+                                jitter=0.0).counter()
         while not self.manager.stopping:
             self._lost = asyncio.Event()
             try:
                 await self._connection()
-                delay = self.manager.initial_backoff  # it was up: start the backoff afresh
+                backoff.reset()  # it was up: start the backoff afresh
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.error = _describe(exc)
                 if self.manager.stopping:  # a cancel the SDK's connect turned into an error
                     return
-                _log.warning("MCP server %s: %s; retrying in %.1fs", self.name, self.error, delay)
+                _log.warning("MCP server %s: %s; retrying in %.1fs", self.name, self.error,
+                             delay := backoff.next())
+            else:
+                delay = backoff.next()
             finally:
                 self.client = None
             if self.manager.stopping:
@@ -202,7 +207,6 @@ class _Server:
             self._set_state("reconnecting")
             self.tried.set()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.manager.config.max_backoff)
 
     async def _connection(self) -> None:
         async with contextlib.AsyncExitStack() as stack:

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import os
-import random
 import re
 import time
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from agent.errors import (
 )
 from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
 from agent.openai_http import OpenAIHTTP
-from gateway.config import AgentConfig
+from gateway.kernel.backoff import BackoffPolicy
+from gateway.kernel.config import AgentConfig
 
 __all__ = ["LLMResponse", "Provider", "ToolCall", "context_window", "warm_up"]
 
@@ -231,10 +231,8 @@ class Provider:
         raise AssertionError("unreachable")
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, MAX_RETRY_AFTER)
-        base = self.config.retry_backoff * (2 ** (attempt - 1))
-        return min(base * random.uniform(0.5, 1.5), 30.0)
+        return BackoffPolicy(self.config.retry_backoff, 30.0, jitter=0.5,
+                             max_told=MAX_RETRY_AFTER).delay(attempt, retry_after)
 
     def _body(self, model: str, messages: list[dict[str, Any]],
               tools: list[dict[str, Any]] | None, max_tokens: int | None) -> dict[str, Any]:

@@ -10,10 +10,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field, replace
 
-from gateway.events import CONTEXT_ONLY, InboundMessage
-
-SENDERS_INLINE = "senders_inline"
-"""Metadata flag: the text already names each sender (merged group messages)."""
+from gateway.kernel.events import InboundMessage
 
 
 @dataclass(slots=True)
@@ -37,11 +34,11 @@ def merge(works: list[Work]) -> Work:
         return works[0]
     last = works[-1].msg
     group = any(w.msg.chat_type == "group" for w in works)
-    text = "\n\n".join(_line(w.msg, group and not w.msg.metadata.get(SENDERS_INLINE))
+    text = "\n\n".join(_line(w.msg, group and not w.msg.senders_inline)
                        for w in works)
     msg = replace(last, text=text, media=tuple(m for w in works for m in w.msg.media),
                   mentioned=any(w.msg.mentioned for w in works),
-                  metadata={**last.metadata, SENDERS_INLINE: group})
+                  senders_inline=group)
     return Work(msg, [s for w in works for s in w.sources])
 
 
@@ -70,7 +67,7 @@ def fold(works: list[Work], cap: int) -> list[Work]:
     msg = replace(last, text=f"[{len(sources)} earlier messages sent while I was busy, folded] "
                              f"{summary}",
                   media=tuple(m for w in old for m in w.msg.media),
-                  metadata={**last.metadata, SENDERS_INLINE: True})
+                  senders_inline=True)
     return [Work(msg, sources), *rest]
 
 
@@ -91,4 +88,4 @@ def next_batch(waiting: list[Work], mode: str) -> tuple[Work, int]:
 
 def _alone(work: Work) -> bool:
     """Commands and context-only messages (group chatter kept as history) are never merged."""
-    return work.msg.is_command or bool(work.msg.metadata.get(CONTEXT_ONLY))
+    return work.msg.is_command or work.msg.context_only

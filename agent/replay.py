@@ -12,10 +12,10 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.context import ContextBuilder
-from channels.base import ChannelHints
-from gateway.config import Config
-from gateway.events import InboundMessage
-from gateway.store import Store
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store import Store
+from gateway.kernel.values import ChannelHints
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.runner import RunResult
-from gateway.events import InboundMessage, OutboundMessage
-from gateway.store import LLMCallRecord, NewMessage, Store
+from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.store import LLMCallRecord, NewMessage, Store
 
 
 @dataclass(slots=True)

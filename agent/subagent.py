@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Protocol
 
 from agent.budget import TokenCounter
 from agent.errors import ProviderError
@@ -27,10 +26,10 @@ from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolError, ToolRegistry
 from agent.turn import TurnContext, TurnServices
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import Config
-from gateway.events import InboundMessage, new_id, utcnow
-from gateway.store import Store
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage, new_id, utcnow
+from gateway.kernel.store import Store
 
 _log = logging.getLogger(__name__)
 
@@ -47,12 +46,6 @@ your tools, then end with one complete, concise answer: what you found or did, w
 details the main agent needs (paths, numbers, sources). Say plainly what you could not do.
 Workspace: {workspace}
 Current time: {now}"""
-
-
-class Spawner(Protocol):
-    """What ``TurnServices.spawn`` holds: run ``task`` in a subagent for the turn ``ctx``."""
-
-    async def __call__(self, ctx: TurnContext, task: str, *, background: bool) -> str: ...
 
 
 def subagent_registry(parent: ToolRegistry) -> ToolRegistry:

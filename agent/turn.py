@@ -12,18 +12,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.config import ToolsConfig
-from gateway.events import ChatType, InboundKind, new_id
+from gateway.kernel.config import ToolsConfig
+from gateway.kernel.events import ChatType, InboundKind, new_id
 
 if TYPE_CHECKING:
-    from agent.subagent import Spawner
-    from channels.base import Delivery
-    from gateway.cron import CronJob, NewJob
-    from gateway.events import OutboundMessage
+    from gateway.kernel.cron_jobs import CronJob, NewJob
+    from gateway.kernel.events import OutboundMessage
+    from gateway.kernel.values import Delivery
 
 ANSWERED_CURRENT_CHAT = "answered_current_chat"
 """``TurnServices.state`` key: a tool already sent this turn's answer to its chat, so the loop
 stores the final reply without sending it again."""
+
+
+class Spawner(Protocol):
+    """What ``TurnServices.spawn`` holds: run ``task`` in a subagent for the turn ``ctx``
+    (``agent/subagent.py``)."""
+
+    async def __call__(self, ctx: TurnContext, task: str, *, background: bool) -> str: ...
 
 
 class CronService(Protocol):

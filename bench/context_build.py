@@ -59,7 +59,7 @@ def _history(n: int) -> list[dict[str, Any]]:
 
 def _config(root: Path) -> Any:
     from gateway.cli import ONBOARD_CONFIG
-    from gateway.config import parse_config
+    from gateway.kernel.config import parse_config
     from workspace.bootstrap import seed_workspace
 
     data = yaml.safe_load(ONBOARD_CONFIG.format(workspace=root / "workspace",
@@ -77,7 +77,7 @@ def _registry_options(build_registry: Any, config: Any) -> dict[str, Any]:
 
 
 async def _fill(store: Any, counter: TokenCounter, session_id: int, n: int) -> None:
-    from gateway.store import NewMessage
+    from gateway.kernel.store import NewMessage
 
     counts: dict[str, int] = {}
 
@@ -99,7 +99,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
     from agent.provider import context_window
     from agent.tools import build_registry
     from channels.local import LocalChannel, make_inbound
-    from gateway.store import Store
+    from gateway.kernel.store import Store
 
     config = _config(root)
     counter = TokenCounter(config.agent.model)

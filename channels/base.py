@@ -7,42 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gateway.events import OutboundMessage
+from gateway.kernel.events import OutboundMessage
+from gateway.kernel.values import ChannelHints, Delivery
 
 if TYPE_CHECKING:
-    from gateway.bus import MessageBus
-    from gateway.config import Config
-    from gateway.store import Store
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Delivery:
-    """What a channel did with one outbound message."""
-
-    ok: bool
-    message_ids: tuple[str, ...] = ()
-    error: str | None = None
-    retry_after: float | None = None
-    permanent: bool = False
-    """True when trying again cannot help (chat gone, bot blocked)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChannelHints:
-    """What the agent is told about how its reply is shown."""
-
-    markup: str = "plain text"
-    max_length: int | None = None
-    etiquette: str = ""
-
-    def lines(self) -> list[str]:
-        out = [f"Markup: {self.markup}"]
-        if self.max_length:
-            out.append(f"Message length limit: {self.max_length} characters "
-                       "(longer replies are split)")
-        if self.etiquette:
-            out.append(f"Etiquette: {self.etiquette}")
-        return out
+    from gateway.kernel.bus import MessageBus
+    from gateway.kernel.config import Config
+    from gateway.kernel.store import Store
 
 
 @dataclass(slots=True)

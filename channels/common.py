@@ -6,27 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Self
 
-from gateway.events import InboundMessage
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Jittered exponential delays, 0.5 s doubling up to 30 s."""
-
-    delay: float = 0.5
-
-    def next(self) -> float:
-        value, self.delay = self.delay, min(self.delay * 2, 30.0)
-        return value * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self.delay = 0.5
+from gateway.kernel.backoff import Backoff as Backoff  # the kernel's policy, re-exported
+from gateway.kernel.events import InboundMessage
 
 
 class StateWatch:

@@ -40,7 +40,7 @@ from typing import Any
 
 import yarl
 
-from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelDeps, ChannelStatus
 from channels.common import StateWatch
 from channels.discord_convert import (
     NAME,
@@ -53,11 +53,12 @@ from channels.discord_cursors import Cursors
 from channels.discord_inbound import Inbound
 from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
 from channels.sent_parts import SentParts
-from gateway.bus import MessageBus
-from gateway.config import DiscordChannelConfig
-from gateway.events import ChatActivity, OutboundMessage, utcnow
-from gateway.pairing import PairingStore
-from gateway.store import Store
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import DiscordChannelConfig
+from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
+from gateway.kernel.pairing import PairingStore
+from gateway.kernel.store import Store
+from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Literal
 
 from channels.discord_convert import NAME, Incoming
-from gateway.config import DiscordChannelConfig
-from gateway.pairing import PairingStore
+from gateway.kernel.config import DiscordChannelConfig
+from gateway.kernel.pairing import PairingStore
 
 Verdict = Literal["serve", "context", "pair", "ignore"]
 

@@ -23,11 +23,11 @@ with warnings.catch_warnings():
                             category=DeprecationWarning)
     import discord
 
-from channels.base import Delivery
 from channels.chunking import chunk_markdown
 from channels.common import SecretFilter as SecretFilter  # re-exported
 from channels.common import redact
-from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
+from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind
+from gateway.kernel.values import Delivery
 
 NAME = "discord"
 TEXT_LIMIT = 2000
@@ -209,7 +209,7 @@ def to_inbound(inc: Incoming, *, text: str, media: tuple[Media, ...] = (),
         thread_id=place.thread_id, chat_type=place.chat_type, mentioned=mentioned,
         reply_to=inc.reply_to, received_at=inc.created_at,
         kind="command" if text.startswith("/") else "user",
-        metadata={CONTEXT_ONLY: True} if context_only else {})
+        context_only=context_only)
 
 
 # --- media in -------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from gateway.store import Store
+from gateway.kernel.store import Store
 
 KEEP_SECONDS = 24 * 3600.0
 """Read back at most a day: what Telegram keeps for a bot that was away, for the same reason

@@ -41,10 +41,10 @@ from channels.discord_convert import (
 )
 from channels.discord_cursors import Cursor, Cursors
 from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import DiscordChannelConfig
-from gateway.events import InboundMessage, Media, utcnow
-from gateway.pairing import PairingFull, PairingStore
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import DiscordChannelConfig
+from gateway.kernel.events import InboundMessage, Media, utcnow
+from gateway.kernel.pairing import PairingFull, PairingStore
 
 _log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import aiohttp
 
-from channels.base import Delivery
 from channels.common import Backoff as Backoff  # re-exported
 from channels.discord_convert import (
     FilePart,
@@ -40,8 +39,9 @@ from channels.discord_convert import (
     redact,
 )
 from channels.sent_parts import SentParts
-from gateway.config import DiscordChannelConfig
-from gateway.events import OutboundMessage, utcnow
+from gateway.kernel.config import DiscordChannelConfig
+from gateway.kernel.events import OutboundMessage, utcnow
+from gateway.kernel.values import Delivery
 
 _log = logging.getLogger(__name__)
 

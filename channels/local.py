@@ -34,11 +34,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import LocalChannelConfig
-from gateway.events import ChatType, InboundMessage, Media, MediaKind, OutboundMessage
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import LocalChannelConfig
+from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind, OutboundMessage
+from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 

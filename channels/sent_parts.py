@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from gateway.store import Store
+from gateway.kernel.store import Store
 
 KEEP_SECONDS = 7 * 24 * 3600.0
 MAX_CACHED = 10_000

@@ -39,8 +39,7 @@ from telegram.constants import ChatAction
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.commands import COMMAND_DESCRIPTIONS
-from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelDeps, ChannelStatus
 from channels.common import StateWatch
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
@@ -52,11 +51,12 @@ from channels.telegram_convert import (
 )
 from channels.telegram_inbound import Inbound
 from channels.telegram_outbound import Backoff, Outbound
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import TelegramChannelConfig
-from gateway.events import ChatActivity, OutboundMessage, utcnow
-from gateway.pairing import PairingStore
-from gateway.store import Store
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import TelegramChannelConfig
+from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
+from gateway.kernel.pairing import PairingStore
+from gateway.kernel.store import Store
+from gateway.kernel.values import COMMAND_DESCRIPTIONS, ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Literal
 
 from telegram import Chat, User
 
-from gateway.config import TelegramChannelConfig
-from gateway.pairing import PairingStore
+from gateway.kernel.config import TelegramChannelConfig
+from gateway.kernel.pairing import PairingStore
 
 Verdict = Literal["serve", "context", "pair", "ignore"]
 

@@ -24,12 +24,12 @@ from telegram.error import (
     TelegramError,
 )
 
-from channels.base import Delivery
 from channels.chunking import chunk_markdown, utf16_len
 from channels.common import SecretFilter as SecretFilter  # re-exported
 from channels.common import redact
 from channels.format import html_visible_text, to_plain_text, to_telegram_html
-from gateway.events import CONTEXT_ONLY, ChatType, InboundMessage, Media, MediaKind
+from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind
+from gateway.kernel.values import Delivery
 
 # Time periods as timedelta (PTB's future default): with ints, building a RetryAfter warns
 # (PTBDeprecationWarning) on every 429. Read by PTB at call time, so setting it here suffices.
@@ -264,7 +264,7 @@ def to_inbound(message: Message, *, text: str, media: tuple[Media, ...] = (),
         message_id=str(message.message_id), thread_id=thread_of(message), chat_type=kind,
         mentioned=mentioned, reply_to=str(replied.message_id) if replied else None,
         received_at=message.date, kind="command" if text.startswith("/") else "user",
-        metadata={CONTEXT_ONLY: True} if context_only else {})
+        context_only=context_only)
 
 
 # --- replies out --------------------------------------------------------------------------------

@@ -33,9 +33,9 @@ from channels.telegram_convert import (
     too_big_reply,
 )
 from channels.telegram_outbound import Outbound
-from gateway.config import TelegramChannelConfig
-from gateway.events import InboundMessage, Media
-from gateway.pairing import PairingFull, PairingStore
+from gateway.kernel.config import TelegramChannelConfig
+from gateway.kernel.events import InboundMessage, Media
+from gateway.kernel.pairing import PairingFull, PairingStore
 
 _log = logging.getLogger(__name__)
 

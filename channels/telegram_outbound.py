@@ -19,7 +19,6 @@ from telegram import Bot, Message, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
-from channels.base import Delivery
 from channels.common import Backoff as Backoff  # re-exported
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
@@ -36,7 +35,8 @@ from channels.telegram_convert import (
     retry_seconds,
     thread_of,
 )
-from gateway.events import Media, OutboundMessage, utcnow
+from gateway.kernel.events import Media, OutboundMessage, utcnow
+from gateway.kernel.values import Delivery
 
 _log = logging.getLogger(__name__)
 

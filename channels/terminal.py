@@ -13,10 +13,11 @@ import logging
 from rich.console import Console
 from rich.markdown import Markdown
 
-from channels.base import ChannelHints, ChannelStatus, Delivery
-from gateway.bus import MessageBus
-from gateway.config import TerminalChannelConfig
-from gateway.events import InboundMessage, OutboundMessage
+from channels.base import ChannelStatus
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import TerminalChannelConfig
+from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 

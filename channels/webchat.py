@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.typedefs import Handler
 
-from channels.base import ChannelDeps, ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors
 from channels.webchat_frames import (
     IMAGE_TYPES,
@@ -48,10 +48,11 @@ from channels.webchat_frames import (
     query_uint,
 )
 from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog, save_image, user_key
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import WebchatChannelConfig
-from gateway.events import ChatActivity, InboundKind, InboundMessage, Media, OutboundMessage
-from gateway.store import Store
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import WebchatChannelConfig
+from gateway.kernel.events import ChatActivity, InboundKind, InboundMessage, Media, OutboundMessage
+from gateway.kernel.store import Store
+from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 

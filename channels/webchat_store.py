@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from channels.webchat_frames import IMAGE_TYPES, ImageData
-from gateway.store import Store
+from gateway.kernel.store import Store
 
 Role = Literal["user", "assistant"]
 

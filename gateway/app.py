@@ -21,14 +21,16 @@ from agent.subagent import SubagentManager
 from agent.tools import build_registry
 from agent.turn import TurnServices
 from channels.base import Channel, ChannelDeps
-from gateway.bus import MessageBus
-from gateway.clock import Clock, SystemClock
-from gateway.config import Config
-from gateway.cron import CRON_CHANNEL, CronJobs, CronScheduler
+from gateway.cron import CronScheduler
 from gateway.delivery import ChannelManager
-from gateway.events import InboundMessage
-from gateway.heartbeat import HEARTBEAT_CHANNEL, Heartbeat
-from gateway.store import Store
+from gateway.heartbeat import Heartbeat
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.clock import Clock, SystemClock
+from gateway.kernel.config import Config
+from gateway.kernel.cron_jobs import CRON_CHANNEL, CronJobs
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
+from gateway.kernel.store import Store
 from workspace.bootstrap import seed_workspace
 
 if TYPE_CHECKING:

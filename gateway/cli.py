@@ -3,21 +3,19 @@ with a non-zero exit status, never as a traceback."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync, with_store
 from gateway.cli_cron import cron_app
 from gateway.cli_pairing import pairing_app
-from gateway.config import Config, ConfigError, load_config
+from gateway.kernel.config import Config, ConfigError
 
 app = typer.Typer(help="Parley: one AI agent on your chat channels.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -30,26 +28,9 @@ app.add_typer(context_app, name="context")
 app.add_typer(pairing_app, name="pairing")
 app.add_typer(cron_app, name="cron")
 
-out = Console()
-err = Console(stderr=True)
 T = TypeVar("T")
 
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
-    show_default=False)]
 
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
-    return typer.Exit(code)
-
-
-def _load(config_path: Path | None) -> Config:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        err.print(str(exc), markup=False, highlight=False)
-        raise typer.Exit(2) from None
 
 
 def _setup_logging(config: Config, *, quiet: bool = False) -> None:
@@ -63,15 +44,6 @@ def _setup_logging(config: Config, *, quiet: bool = False) -> None:
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     for noisy in ("aiohttp.access", "httpx", "LiteLLM", "aiosqlite", "markdown_it"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        return asyncio.run(coro)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    except OSError as exc:
-        raise _fail(str(exc)) from None
 
 
 # onboard --------------------------------------------------------------------------------------
@@ -130,10 +102,10 @@ def gateway(config_path: ConfigOpt = None) -> None:
     """Run the gateway with every enabled channel until Ctrl-C or SIGTERM."""
     from gateway.app import Gateway
 
-    config = _load(config_path)
+    config = load(config_path)
     _setup_logging(config)
     gw = Gateway(config)
-    _run(gw.run_until_signalled())
+    run_sync(gw.run_until_signalled())
 
 
 @app.command()
@@ -148,7 +120,7 @@ def chat(
     from channels.terminal import TerminalChannel
     from gateway.app import Gateway
 
-    config = _load(config_path)
+    config = load(config_path)
     _setup_logging(config, quiet=True)
 
     async def main() -> int:
@@ -163,7 +135,7 @@ def chat(
             await terminal.interactive()
         return 0
 
-    code = _run(main())
+    code = run_sync(main())
     raise typer.Exit(code)
 
 
@@ -172,7 +144,7 @@ def chat(
 @config_app.command("check")
 def config_check(config_path: ConfigOpt = None) -> None:
     """Validate the config: `ok` and a summary, or each error with its key path."""
-    config = _load(config_path)
+    config = load(config_path)
     channels = [n for n, c in config.channels if getattr(c, "enabled", False)]
     out.print("ok", highlight=False)
     out.print(f"  file:      {config.source}", highlight=False)
@@ -195,19 +167,6 @@ def config_check(config_path: ConfigOpt = None) -> None:
 
 
 # status, sessions, context --------------------------------------------------------------------
-
-async def _with_store(config: Config, fn: Any) -> Any:
-    from gateway.store import Store
-
-    if not config.db_path.exists():
-        raise _fail(f"no database at {config.db_path} yet (start the gateway or `parley chat` "
-                    "first)")
-    store = await Store.open(config.db_path)
-    try:
-        return await fn(store)
-    finally:
-        await store.close()
-
 
 def _probe_health(config: Config) -> dict[str, Any] | None:
     import urllib.request
@@ -232,7 +191,7 @@ def _short_time(value: Any) -> str:
 @app.command()
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions."""
-    config = _load(config_path)
+    config = load(config_path)
     health = _probe_health(config)
     out.print(f"config:   {config.source}", highlight=False)
     out.print(f"model:    {config.agent.model}", highlight=False)
@@ -263,7 +222,7 @@ def status(config_path: ConfigOpt = None) -> None:
     else:
         out.print("gateway:  not reachable on the local channel (not running?)", highlight=False)
     if config.db_path.exists():
-        counts = _run(_with_store(config, lambda s: s.counts()))
+        counts = run_sync(with_store(config, lambda s: s.counts()))
         out.print(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
                   f"in {config.db_path}", highlight=False)
 
@@ -274,8 +233,8 @@ def sessions_list(
     all_: Annotated[bool, typer.Option("--all", help="Include sessions ended by /new.")] = False,
 ) -> None:
     """List sessions, most recent first."""
-    config = _load(config_path)
-    rows = _run(_with_store(config, lambda s: s.list_sessions(include_inactive=all_)))
+    config = load(config_path)
+    rows = run_sync(with_store(config, lambda s: s.list_sessions(include_inactive=all_)))
     table = Table("id", "session", "messages", "last context", "updated")
     for r in rows:
         table.add_row(str(r.id), r.key + ("" if r.active else " (ended)"), str(r.message_count),
@@ -287,18 +246,18 @@ def _session_dump(config: Config, ref: str) -> tuple[Any, list[Any]]:
     async def fn(store: Any) -> tuple[Any, list[Any]]:
         session = await store.find_session(ref)
         if session is None:
-            raise _fail(f"no session {ref!r} (see `parley sessions list`)")
+            raise fail(f"no session {ref!r} (see `parley sessions list`)")
         return session, [m async for m in store.all_messages(session.id)]
-    return _run(_with_store(config, fn))  # type: ignore[no-any-return]
+    return run_sync(with_store(config, fn))  # type: ignore[no-any-return]
 
 
 @sessions_app.command("show")
 def sessions_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                   config_path: ConfigOpt = None) -> None:
     """Print a session's messages."""
-    from gateway.store import content_text
+    from gateway.kernel.store import content_text
 
-    config = _load(config_path)
+    config = load(config_path)
     session, messages = _session_dump(config, ref)
     out.print(f"[bold]{session.key}[/bold] (#{session.id}, {len(messages)} messages)")
     for m in messages:
@@ -314,7 +273,7 @@ def sessions_show(ref: Annotated[str, typer.Argument(help="Session id or key.")]
 def sessions_export(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                     config_path: ConfigOpt = None) -> None:
     """Print a session as JSON lines (one message a line)."""
-    config = _load(config_path)
+    config = load(config_path)
     session, messages = _session_dump(config, ref)
     for m in messages:
         sys.stdout.write(json.dumps({"session": session.key, "turn_id": m.turn_id,
@@ -332,29 +291,29 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Explain what the model saw in a turn (default: the last one)."""
     from agent.replay import replay
-    from gateway.store import content_text
+    from gateway.kernel.store import content_text
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(store: Any) -> Any:
         session = await store.find_session(ref)
         if session is None:
-            raise _fail(f"no session {ref!r} (see `parley sessions list`)")
+            raise fail(f"no session {ref!r} (see `parley sessions list`)")
         snaps = await store.snapshots(session.id)
         if not snaps:
-            raise _fail(f"session {ref!r} has no context snapshot yet")
+            raise fail(f"session {ref!r} has no context snapshot yet")
         index = len(snaps) - 1 if turn is None else (turn - 1 if turn > 0 else len(snaps) + turn)
         if not 0 <= index < len(snaps):
-            raise _fail(f"session {ref!r} has turns 1 to {len(snaps)}")
+            raise fail(f"session {ref!r} has turns 1 to {len(snaps)}")
         rebuilt = None
         if full:
             try:
                 rebuilt = await replay(store, config, session.id, snaps[index])
             except ValueError as exc:
-                raise _fail(str(exc)) from None
+                raise fail(str(exc)) from None
         return index + 1, len(snaps), snaps[index], rebuilt
 
-    number, count, snap, rebuilt = _run(_with_store(config, fn))
+    number, count, snap, rebuilt = run_sync(with_store(config, fn))
     if as_json:
         data = {**snap, "turn": number}
         if rebuilt is not None:

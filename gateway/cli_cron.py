@@ -7,26 +7,23 @@ change within ``cron.poll_interval``, without a restart. Times are shown in each
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync
+
 # gateway.cli imports this module to register it: the rest is imported when a command runs.
 WIDE_TABLE = 120
 """Terminal columns from which ``cron list`` prints one table row per job."""
-
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
-    show_default=False)]
 
 cron_app = typer.Typer(help="Scheduled reminders and tasks.", no_args_is_help=True)
 
 
 def _jobs(store: Any, config: Any) -> Any:
-    from gateway.clock import SystemClock
-    from gateway.cron import CronJobs
+    from gateway.kernel.clock import SystemClock
+    from gateway.kernel.cron_jobs import CronJobs
 
     return CronJobs(store, clock=SystemClock(), timezone=config.cron_timezone,
                     min_interval=config.cron.min_interval)
@@ -34,7 +31,7 @@ def _jobs(store: Any, config: Any) -> Any:
 
 async def _open(config: Any, fn: Any) -> Any:
     """Like ``cli._with_store``, but creates the database: jobs may come before the gateway."""
-    from gateway.store import Store
+    from gateway.kernel.store import Store
 
     store = await Store.open(config.db_path)
     try:
@@ -46,7 +43,7 @@ async def _open(config: Any, fn: Any) -> Any:
 
 
 def _local(when: datetime | None, tz: str) -> str:
-    from gateway.schedule import zone
+    from gateway.kernel.schedule import zone
 
     return f"{when.astimezone(zone(tz)):%Y-%m-%d %H:%M:%S %Z}" if when else "-"
 
@@ -75,18 +72,17 @@ def cron_add(
     config_path: ConfigOpt = None,
 ) -> None:
     """Add a job; it runs in the gateway (a running one picks it up without a restart)."""
-    from gateway.cli import _fail, _load, _run, err, out
-    from gateway.cron import NewJob
-    from gateway.schedule import ScheduleError
+    from gateway.kernel.cron_jobs import NewJob
+    from gateway.kernel.schedule import ScheduleError
 
-    config = _load(config_path)
+    config = load(config_path)
     given = [(k, v) for k, v in (("at", at), ("every", every), ("cron", cron)) if v]
     if len(given) != 1:
-        raise _fail("give exactly one of --at, --every or --cron")
+        raise fail("give exactly one of --at, --every or --cron")
     if kind not in ("reminder", "task"):
-        raise _fail(f"--kind {kind!r}: reminder or task")
+        raise fail(f"--kind {kind!r}: reminder or task")
     if not channel or not to:
-        raise _fail("give the target chat: --channel CHANNEL --to CHAT_ID "
+        raise fail("give the target chat: --channel CHANNEL --to CHAT_ID "
                     "(e.g. --channel telegram --to 123456789)")
     section = getattr(config.channels, channel, None)
     if section is None or not getattr(section, "enabled", False):
@@ -104,9 +100,9 @@ def cron_add(
         return await jobs.add(new)
 
     try:
-        job = _run(_open(config, fn))
+        job = run_sync(_open(config, fn))
     except ScheduleError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     out.print(f"added {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
               f"{_local(job.next_run, job.schedule.tz)} → {job.target}", highlight=False)
 
@@ -114,14 +110,13 @@ def cron_add(
 @cron_app.command("list")
 def cron_list(config_path: ConfigOpt = None) -> None:
     """Jobs with their next run, last run and delivery status."""
-    from gateway.cli import _load, _run, out
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(jobs: Any) -> Any:
         return await jobs.jobs()
 
-    found = _run(_open(config, fn))
+    found = run_sync(_open(config, fn))
     if not found:
         out.print("no scheduled jobs", highlight=False)
         return
@@ -160,15 +155,14 @@ def cron_list(config_path: ConfigOpt = None) -> None:
 def cron_remove(job_id: Annotated[str, typer.Argument(help="The job's id (see `list`).")],
                 config_path: ConfigOpt = None) -> None:
     """Delete a job and its run history."""
-    from gateway.cli import _fail, _load, _run, out
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(jobs: Any) -> Any:
         return await jobs.remove(job_id)
 
-    if not _run(_open(config, fn)):
-        raise _fail(f"no job {job_id!r} (see `parley cron list`)")
+    if not run_sync(_open(config, fn)):
+        raise fail(f"no job {job_id!r} (see `parley cron list`)")
     out.print(f"removed {job_id}", highlight=False)
 
 
@@ -176,14 +170,13 @@ def cron_remove(job_id: Annotated[str, typer.Argument(help="The job's id (see `l
 def cron_run(job_id: Annotated[str, typer.Argument(help="The job's id (see `list`).")],
              config_path: ConfigOpt = None) -> None:
     """Run a job once now, beside its schedule (the running gateway does it)."""
-    from gateway.cli import _fail, _load, _run, out
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(jobs: Any) -> Any:
         return await jobs.request_run(job_id)
 
-    if not _run(_open(config, fn)):
-        raise _fail(f"no job {job_id!r} (see `parley cron list`)")
+    if not run_sync(_open(config, fn)):
+        raise fail(f"no job {job_id!r} (see `parley cron list`)")
     out.print(f"run of {job_id} requested: the gateway runs it within "
               f"{config.cron.poll_interval:g}s (or when it next starts)", highlight=False)

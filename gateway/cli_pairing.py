@@ -7,20 +7,16 @@ approval on the user's next message.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from gateway.pairing import PairingStore, normalize_code
+from gateway.cli_common import ConfigOpt, fail, load, out, run_sync, with_store
+from gateway.kernel.pairing import PairingStore, normalize_code
 
 # gateway.cli imports this module to register it, so its helpers are imported when a command
 # runs, not at import time.
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="Config file (default: $PARLEY_CONFIG, else ~/.parley/config.yaml).",
-    show_default=False)]
-
 pairing_app = typer.Typer(help="Let new people talk to the bot (dm_policy: pairing).",
                           no_args_is_help=True)
 
@@ -36,15 +32,14 @@ def pairing_list(
     config_path: ConfigOpt = None,
 ) -> None:
     """Pending codes and approved users."""
-    from gateway.cli import _load, _run, _with_store, out
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(store: Any) -> tuple[list[Any], list[Any]]:
         pairing = PairingStore(store)
         return await pairing.pending(channel), await pairing.approvals(channel)
 
-    pending, approved = _run(_with_store(config, fn))
+    pending, approved = run_sync(with_store(config, fn))
     table = Table("channel", "code", "user id", "name", "expires", title="Pending")
     for p in pending:
         table.add_row(p.channel, p.code, p.user_id, p.user_name or "", _when(p.expires_at))
@@ -62,16 +57,15 @@ def pairing_approve(
     config_path: ConfigOpt = None,
 ) -> None:
     """Approve the user who was given CODE; they are served from their next message."""
-    from gateway.cli import _fail, _load, _run, _with_store, out
 
-    config = _load(config_path)
+    config = load(config_path)
 
     async def fn(store: Any) -> Any:
         return await PairingStore(store).approve(channel, code)
 
-    approval = _run(_with_store(config, fn))
+    approval = run_sync(with_store(config, fn))
     if approval is None:
-        raise _fail(f"no pending code {normalize_code(code)!r} on {channel} (it may have "
+        raise fail(f"no pending code {normalize_code(code)!r} on {channel} (it may have "
                     f"expired after an hour; see `parley pairing list`)")
     who = f"{approval.user_name} (id {approval.user_id})" if approval.user_name \
         else f"user {approval.user_id}"

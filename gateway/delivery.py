@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from channels.base import Channel, ChannelHints, Delivery
-from gateway.bus import MessageBus
-from gateway.config import DeliveryConfig
-from gateway.events import ChatActivity, OutboundMessage, utcnow
-from gateway.store import Store
+from channels.base import Channel
+from gateway.kernel.backoff import BackoffPolicy
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import DeliveryConfig
+from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
+from gateway.kernel.store import Store
+from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 
@@ -277,10 +278,8 @@ class ChannelManager:
         return delivery
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return max(0.0, retry_after)
-        base = self.config.backoff * 2 ** (attempt - 1)
-        return min(base, self.config.max_backoff) * random.uniform(0.5, 1.5)
+        return BackoffPolicy(self.config.backoff, self.config.max_backoff,
+                             jitter=0.5).delay(attempt, retry_after)
 
     async def _dead(self, job: _Job, error: str) -> None:
         stats = self.stats.get(job.msg.channel)

@@ -4,7 +4,7 @@ Every ``heartbeat.every`` inside ``heartbeat.active_hours`` (cron timezone) the 
 turn in its own session (``heartbeat:main``) with HEARTBEAT.md in its system prompt. A beat is
 skipped without a model call when the file holds no tasks, and skipped while the target's
 conversation (or the previous beat) is busy. A reply that is ``HEARTBEAT_OK`` is stored but not
-delivered (``heartbeat_ok``, applied by the agent loop); anything else goes to
+delivered (``gateway.kernel.heartbeat_ack``, applied by the agent); anything else goes to
 ``heartbeat.target`` and never to whoever spoke last.
 """
 
@@ -17,42 +17,23 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from gateway.bus import BusClosed, MessageBus
-from gateway.clock import Clock
-from gateway.config import HeartbeatConfig
-from gateway.events import InboundMessage
-from gateway.schedule import zone
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.clock import Clock
+from gateway.kernel.config import HeartbeatConfig
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL, HEARTBEAT_OK
+from gateway.kernel.schedule import zone
 
 _log = logging.getLogger(__name__)
 
-HEARTBEAT_OK = "HEARTBEAT_OK"
-HEARTBEAT_CHANNEL = "heartbeat"
 HEARTBEAT_CHAT = "main"
-ACK_MAX_CHARS = 300
-"""Text allowed beside ``HEARTBEAT_OK`` that still counts as "nothing to report"."""
 
 PROMPT = ("Heartbeat: go through the tasks in HEARTBEAT.md (in your instructions). If "
           "something needs the user's attention, say it briefly. If nothing does, reply with "
           f"{HEARTBEAT_OK} only.")
 
-_MARKUP = r"[\s*_`~]*"
-_AT_START = re.compile(rf"^{_MARKUP}{HEARTBEAT_OK}(?!\w){_MARKUP}[.!]?")
-_AT_END = re.compile(rf"{_MARKUP}(?<!\w){HEARTBEAT_OK}{_MARKUP}[.!]?{_MARKUP}$")
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _EMPTY_ITEM = re.compile(r"^([-*+]|\d+[.)])(\s+\[[ xX]?\])?\s*$")
-
-
-def heartbeat_ok(text: str, max_other: int = ACK_MAX_CHARS) -> bool:
-    """True for "nothing to report": ``HEARTBEAT_OK`` alone, or at the start or the end of the
-    reply with at most ``max_other`` other characters (markup around it does not count)."""
-    stripped = text.strip()
-    for pattern in (_AT_START, _AT_END):
-        match = pattern.search(stripped)
-        if match:
-            rest = (stripped[:match.start()] + stripped[match.end():]).strip()
-            if len(rest) <= max_other:
-                return True
-    return False
 
 
 def has_tasks(text: str) -> bool:

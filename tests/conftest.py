@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from gateway.app import Gateway  # noqa: E402
-from gateway.config import Config, parse_config  # noqa: E402
+from gateway.kernel.config import Config, parse_config  # noqa: E402
 from tests.fakes.openai_server import ScriptedLLM  # noqa: E402
 
 MakeConfig = Callable[..., Config]

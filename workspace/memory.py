@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 from zoneinfo import ZoneInfo
 
-from gateway.config import MemoryConfig
+from gateway.kernel.config import MemoryConfig
 from workspace.bootstrap import MEMORY_FILE
 
 _log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.tools.base import Tool, ToolError, ToolRegistry, ToolRetry, tool
-from gateway.config import MemoryConfig, ToolsConfig
+from gateway.kernel.config import MemoryConfig, ToolsConfig
 
 __all__ = ["Tool", "ToolError", "ToolRegistry", "ToolRetry", "build_registry", "tool"]
 

@@ -12,8 +12,8 @@ from typing import Literal
 
 from agent.tools.base import ToolError, ToolRetry, tool
 from agent.turn import CronService, TurnContext
-from gateway.cron import CronJob, NewJob
-from gateway.schedule import ScheduleError, zone
+from gateway.kernel.cron_jobs import CronJob, NewJob
+from gateway.kernel.schedule import ScheduleError, zone
 
 
 def _service(ctx: TurnContext) -> tuple[CronService, tuple[str, str]]:

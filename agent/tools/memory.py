@@ -13,7 +13,7 @@ from typing import Literal
 
 from agent.tools.base import Tool, ToolRetry
 from agent.turn import TurnContext
-from gateway.config import MemoryConfig
+from gateway.kernel.config import MemoryConfig
 from workspace.memory import MemoryKind, MemoryRefused, MemoryStore, memory_store_for
 
 SEARCH_HITS = 5

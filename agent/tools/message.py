@@ -14,7 +14,7 @@ import mimetypes
 from agent.tools.base import ToolError, ToolRetry, tool
 from agent.tools.files import resolve_in_workspace
 from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext
-from gateway.events import Media, MediaKind, OutboundKind, OutboundMessage
+from gateway.kernel.events import Media, MediaKind, OutboundKind, OutboundMessage
 
 MAX_FILES = 10
 

@@ -26,7 +26,7 @@ from agent.tools.base import ToolError, ToolRetry, tool
 from agent.tools.html_text import html_to_text
 from agent.tools.web_guard import AllowList, BlockedAddress, GuardedResolver, check_literal
 from agent.turn import TurnContext
-from gateway.config import WebSearchConfig, WebToolsConfig
+from gateway.kernel.config import WebSearchConfig, WebToolsConfig
 
 MAX_REDIRECTS = 5
 USER_AGENT = "Mozilla/5.0 (compatible; Parley/0.1; web_fetch)"

@@ -13,10 +13,10 @@ import pytest
 
 from agent.budget import TokenCounter
 from agent.context import LAYER_SEPARATOR, RUNTIME_TAG, ContextBuilder
-from channels.base import ChannelHints
-from gateway.config import Config, parse_config
-from gateway.events import InboundMessage, Media
-from gateway.store import StoredMessage
+from gateway.kernel.config import Config, parse_config
+from gateway.kernel.events import InboundMessage, Media
+from gateway.kernel.store import StoredMessage
+from gateway.kernel.values import ChannelHints
 
 # 2024-07-06 22:30 UTC is already Sunday 00:30 in Berlin (summer time, UTC+2)
 RECEIVED = datetime(2024, 7, 6, 22, 30, tzinfo=UTC)

@@ -20,7 +20,7 @@ from mcp_types import Tool as RemoteTool
 from agent.mcp import MCPManager, input_schema, result_text, tool_name
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
-from gateway.config import ConfigError, MCPConfig, parse_config
+from gateway.kernel.config import ConfigError, MCPConfig, parse_config
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py")
 WAIT = 20.0

@@ -23,7 +23,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.provider import Provider
-from gateway.config import AgentConfig
+from gateway.kernel.config import AgentConfig
 
 HELLO = [{"role": "user", "content": "héllo ✓"}]
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ def test_a_direct_gateway_never_imports_litellm(tmp_path: Path) -> None:
     code = f"""
 import asyncio, sys
 from gateway.app import Gateway
-from gateway.config import parse_config
+from gateway.kernel.config import parse_config
 from tests.fakes.openai_server import ScriptedLLM
 
 async def main():

@@ -19,7 +19,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.provider import Provider
-from gateway.config import AgentConfig
+from gateway.kernel.config import AgentConfig
 from tests.fakes.openai_server import ScriptedLLM
 
 HELLO = [{"role": "user", "content": "hello"}]

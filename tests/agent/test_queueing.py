@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.queueing import SENDERS_INLINE, Work, fold, merge, next_batch
-from gateway.events import InboundMessage
+from agent.queueing import Work, fold, merge, next_batch
+from gateway.kernel.events import InboundMessage
 
 
 def work(text: str, sender: str = "ann", chat_type: str = "direct") -> Work:
@@ -23,7 +23,7 @@ def test_merge_keeps_every_source_and_the_newest_routing() -> None:
 def test_merge_in_groups_names_each_sender_once() -> None:
     merged = merge([work("hi", "ann", "group"), work("yo", "bob", "group")])
     assert merged.msg.text == "[Ann] hi\n\n[Bob] yo"
-    assert merged.msg.metadata[SENDERS_INLINE] is True
+    assert merged.msg.senders_inline is True
 
 
 def test_next_batch_per_mode() -> None:

@@ -13,7 +13,7 @@ from agent.provider import Provider
 from agent.runner import Runner, cut_result
 from agent.tools.base import ToolRegistry, tool
 from agent.turn import TurnContext
-from gateway.config import AgentConfig
+from gateway.kernel.config import AgentConfig
 from tests.fakes.openai_server import ScriptedLLM
 
 both_started = asyncio.Event()

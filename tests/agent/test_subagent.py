@@ -15,9 +15,9 @@ from agent.subagent import RESULT_TAG, SubagentManager, subagent_registry
 from agent.tools import build_registry
 from agent.tools.base import Tool, ToolRegistry
 from agent.turn import TurnContext, TurnServices
-from gateway.bus import MessageBus
-from gateway.config import Config
-from gateway.store import Store
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import Config
+from gateway.kernel.store import Store
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 

@@ -35,11 +35,11 @@ from channels.discord_convert import (
     to_inbound,
     too_big_reply,
 )
-from gateway.bus import MessageBus
-from gateway.config import ConfigError, DiscordChannelConfig, parse_config
-from gateway.events import CONTEXT_ONLY, Media, OutboundMessage
-from gateway.pairing import PairingStore
-from gateway.store import Store
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import ConfigError, DiscordChannelConfig, parse_config
+from gateway.kernel.events import Media, OutboundMessage
+from gateway.kernel.pairing import PairingStore
+from gateway.kernel.store import Store
 from tests.fakes.discord_server import BOT_ID, TOKEN, FakeDiscord
 
 BOT = str(BOT_ID)
@@ -102,7 +102,7 @@ def test_what_the_agent_reads() -> None:
     msg = to_inbound(command, text=message_text(command, bot_id=BOT))
     assert msg.text == "/status" and msg.kind == "command"
     context = to_inbound(inc(), text="hello", context_only=True)
-    assert context.metadata == {CONTEXT_ONLY: True} and context.sender_name == "Ada"
+    assert context.context_only and context.sender_name == "Ada"
 
 
 def test_replies_are_cut_under_2000_outside_code_and_files_follow() -> None:

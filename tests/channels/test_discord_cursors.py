@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from channels.discord_cursors import KEEP_SECONDS, Cursors
-from gateway.store import Store
+from gateway.kernel.store import Store
 
 
 async def test_positions_only_move_forward_and_old_ones_are_forgotten(tmp_path: Path) -> None:

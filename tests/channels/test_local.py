@@ -20,9 +20,9 @@ from channels.local import (
     is_loopback,
     parse_poll_query,
 )
-from gateway.bus import MessageBus
-from gateway.config import LocalChannelConfig
-from gateway.events import InboundMessage, OutboundMessage
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import LocalChannelConfig
+from gateway.kernel.events import InboundMessage, OutboundMessage
 
 TOKEN = "s3cret-token-value"
 

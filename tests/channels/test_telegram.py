@@ -17,7 +17,6 @@ import pytest
 from telegram import Message, User
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TimedOut
 
-from agent.commands import COMMAND_DESCRIPTIONS
 from channels.telegram import TelegramChannel, TelegramChannelError
 from channels.telegram_access import Access
 from channels.telegram_convert import (
@@ -30,11 +29,12 @@ from channels.telegram_convert import (
     reply_context,
     to_inbound,
 )
-from gateway.bus import MessageBus
-from gateway.config import ConfigError, TelegramChannelConfig, parse_config
-from gateway.events import CONTEXT_ONLY, ChatActivity, InboundMessage, Media, OutboundMessage
-from gateway.pairing import PairingStore
-from gateway.store import Store
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import ConfigError, TelegramChannelConfig, parse_config
+from gateway.kernel.events import ChatActivity, InboundMessage, Media, OutboundMessage
+from gateway.kernel.pairing import PairingStore
+from gateway.kernel.store import Store
+from gateway.kernel.values import COMMAND_DESCRIPTIONS
 from tests.fakes.telegram_server import TOKEN, FakeTelegram, parse_html
 
 BOT_ID = 777000111
@@ -563,7 +563,7 @@ async def test_webhook_mode_needs_the_secret(tg: FakeTelegram,
     assert tg.webhook == {"url": f"http://127.0.0.1:{port}/tg", "secret_token": "s3cret_value"}
     tg.dm(tg.user(1001, "Ada"), "via webhook")
     got = await next_inbound(bus)
-    assert got.text == "via webhook" and got.metadata.get(CONTEXT_ONLY) is None
+    assert got.text == "via webhook" and not got.context_only
     async with aiohttp.ClientSession() as session:
         async with session.post(f"http://127.0.0.1:{port}/tg", json={"update_id": 99},
                                 headers={"X-Telegram-Bot-Api-Secret-Token": "wrong"}) as resp:

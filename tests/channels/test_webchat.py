@@ -22,10 +22,10 @@ from channels.webchat_frames import (
     sniff_image,
 )
 from gateway.app import Gateway
-from gateway.bus import BusClosed, MessageBus
-from gateway.config import ConfigError, WebchatChannelConfig, parse_config
-from gateway.events import ChatActivity, InboundMessage, OutboundMessage
-from gateway.store import Store
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.config import ConfigError, WebchatChannelConfig, parse_config
+from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage
+from gateway.kernel.store import Store
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 

@@ -16,7 +16,7 @@ import yaml
 
 import channels.discord as discord_channel
 from gateway.app import Gateway
-from gateway.config import Config
+from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
 from tests.fakes.discord_server import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM

@@ -19,9 +19,10 @@ import aiohttp
 import pytest
 import yaml
 
-from channels.base import ChannelHints, ChannelStatus, Delivery
+from channels.base import ChannelStatus
 from gateway.app import Gateway
-from gateway.events import InboundMessage, OutboundMessage
+from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.values import ChannelHints, Delivery
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 

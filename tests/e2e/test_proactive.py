@@ -14,11 +14,11 @@ from zoneinfo import ZoneInfo
 
 import yaml
 
-from channels.base import Delivery
 from gateway.app import Gateway
-from gateway.config import Config, load_config
-from gateway.cron import NewJob
-from gateway.store import Store
+from gateway.kernel.config import Config, load_config
+from gateway.kernel.cron_jobs import NewJob
+from gateway.kernel.store import Store
+from gateway.kernel.values import Delivery
 from tests.conftest import MakeConfig
 from tests.e2e.test_durability import ScriptedChannel, inbound
 from tests.fakes.clock import FakeClock

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.commands import COMMAND_DESCRIPTIONS, GREETING
+from agent.commands import GREETING
 from gateway.app import Gateway
-from gateway.config import Config
+from gateway.kernel.config import Config
+from gateway.kernel.values import COMMAND_DESCRIPTIONS
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 from tests.fakes.telegram_server import FakeTelegram, Sent, parse_html

@@ -5,8 +5,8 @@ from datetime import datetime
 
 import pytest
 
-from gateway.bus import BusClosed, MessageBus
-from gateway.events import InboundMessage, Media, OutboundMessage
+from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.events import InboundMessage, Media, OutboundMessage
 
 
 def msg(text: str = "hi", **kw: object) -> InboundMessage:
@@ -54,3 +54,16 @@ def test_events_are_frozen_and_keyed() -> None:
     with pytest.raises(ValueError):
         Media(kind="image")
     assert msg("/new").is_command and not msg("hello").is_command
+
+
+def test_inbox_rows_of_earlier_versions_keep_their_flags() -> None:
+    """Before they were fields, the context-only and merged-senders flags were metadata."""
+    from gateway.kernel.events import InboundMessage, event_to_dict
+
+    old = event_to_dict(InboundMessage(channel="telegram", chat_id="-1", sender_id="7",
+                                       text="chatter"))
+    del old["context_only"], old["senders_inline"]
+    old["metadata"] = {"context_only": True, "senders_inline": True, "other": 1}
+    msg = InboundMessage.from_dict(old)
+    assert msg.context_only and msg.senders_inline and msg.metadata == {"other": 1}
+    assert InboundMessage.from_dict(event_to_dict(msg)) == msg

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gateway.config import Config, ConfigError, load_config, parse_config, parse_duration
+from gateway.kernel.config import Config, ConfigError, load_config, parse_config, parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bus import MessageBus
-from gateway.cron import CronJob, CronJobs, CronScheduler, NewJob, reminder_key
-from gateway.events import OutboundMessage
-from gateway.schedule import Schedule, ScheduleError
-from gateway.store import Store
+from gateway.cron import CronScheduler
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.cron_jobs import CronJob, CronJobs, NewJob, reminder_key
+from gateway.kernel.events import OutboundMessage
+from gateway.kernel.schedule import Schedule, ScheduleError
+from gateway.kernel.store import Store
 from tests.fakes.clock import FakeClock
 
 START = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)  # a Monday; 09:00 in Berlin (UTC+1)

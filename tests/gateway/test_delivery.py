@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from channels.base import Delivery
-from gateway.bus import MessageBus
-from gateway.config import DeliveryConfig
 from gateway.delivery import ChannelManager
-from gateway.events import OutboundMessage
-from gateway.store import Store
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import DeliveryConfig
+from gateway.kernel.events import OutboundMessage
+from gateway.kernel.store import Store
+from gateway.kernel.values import Delivery
 from tests.e2e.test_durability import ScriptedChannel
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bus import MessageBus
-from gateway.config import HeartbeatConfig
-from gateway.heartbeat import Heartbeat, has_tasks, heartbeat_ok, within
+from gateway.heartbeat import Heartbeat, has_tasks, within
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import HeartbeatConfig
+from gateway.kernel.heartbeat_ack import heartbeat_ok
 from tests.fakes.clock import FakeClock
 from workspace.bootstrap import seed_workspace
 

@@ -11,8 +11,8 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.cli import app
-from gateway.pairing import ALPHABET, CODE_LENGTH, PairingFull, PairingStore
-from gateway.store import Store
+from gateway.kernel.pairing import ALPHABET, CODE_LENGTH, PairingFull, PairingStore
+from gateway.kernel.store import Store
 
 
 class Clock:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store import NewMessage, Store
+from gateway.kernel.store import NewMessage, Store
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.budget import TokenCounter
-from gateway.config import MemoryConfig
+from gateway.kernel.config import MemoryConfig
 from workspace import memory as memory_mod
 from workspace.bootstrap import seed_workspace
 from workspace.memory import (

@@ -12,9 +12,9 @@ import pytest
 
 from agent.tools import build_registry
 from agent.turn import TurnContext, TurnServices
-from gateway.config import ToolsConfig
-from gateway.cron import CronJobs
-from gateway.store import Store
+from gateway.kernel.config import ToolsConfig
+from gateway.kernel.cron_jobs import CronJobs
+from gateway.kernel.store import Store
 from tests.fakes.clock import FakeClock
 
 NOW = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)

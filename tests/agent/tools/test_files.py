@@ -13,7 +13,7 @@ from agent.tools.base import ToolRegistry, ToolRetry
 from agent.tools.files import FILE_TOOLS, resolve_in_workspace
 from agent.tools.shell import SHELL_TOOLS
 from agent.turn import TurnContext
-from gateway.config import FileToolsConfig, ToolsConfig
+from gateway.kernel.config import FileToolsConfig, ToolsConfig
 
 REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
 

@@ -12,7 +12,7 @@ from agent.budget import TokenCounter
 from agent.tools import build_registry
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
-from gateway.config import MemoryConfig, ToolsConfig
+from gateway.kernel.config import MemoryConfig, ToolsConfig
 from workspace.memory import memory_store_for
 
 NO_OTHER_TOOLS = ToolsConfig.model_validate(

@@ -10,9 +10,9 @@ from typing import Any
 
 from agent.tools import build_registry
 from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext, TurnServices
-from channels.base import Delivery
-from gateway.config import ToolsConfig
-from gateway.events import OutboundMessage
+from gateway.kernel.config import ToolsConfig
+from gateway.kernel.events import OutboundMessage
+from gateway.kernel.values import Delivery
 
 RECEIVED = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
 

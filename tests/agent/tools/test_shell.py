@@ -17,7 +17,7 @@ from agent.tools.base import ToolRegistry
 from agent.tools.files import FILE_TOOLS
 from agent.tools.shell import SHELL_TOOLS, cap_pieces, check_command, child_env
 from agent.turn import TurnContext
-from gateway.config import ConfigError, ExecToolConfig, ToolsConfig, parse_config
+from gateway.kernel.config import ConfigError, ExecToolConfig, ToolsConfig, parse_config
 
 REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
 

@@ -20,7 +20,7 @@ from agent.tools.html_text import fallback_html_to_text, html_to_text
 from agent.tools.web import WEB_FETCH_TOOLS, WEB_SEARCH_TOOLS
 from agent.tools.web_guard import AllowList, BlockedAddress, GuardedResolver, blocked_reason
 from agent.turn import TurnContext
-from gateway.config import ConfigError, ToolsConfig, WebToolsConfig, parse_config
+from gateway.kernel.config import ConfigError, ToolsConfig, WebToolsConfig, parse_config
 
 REGISTRY = ToolRegistry(WEB_FETCH_TOOLS + WEB_SEARCH_TOOLS)
 

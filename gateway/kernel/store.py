@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from gateway.events import InboundMessage, OutboundMessage, event_to_dict, utcnow
+from gateway.kernel.events import InboundMessage, OutboundMessage, event_to_dict, utcnow
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from gateway.config import parse_duration
+from gateway.kernel.config import parse_duration
 
 ScheduleKind = Literal["at", "every", "cron"]
 _CRON_SCAN = 1000

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from gateway.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
 
 if TYPE_CHECKING:
-    from gateway.store import Store
+    from gateway.kernel.store import Store
 
 _log = logging.getLogger(__name__)
 

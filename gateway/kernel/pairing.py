@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.store import Store
+from gateway.kernel.store import Store
 
 __all__ = ["ALPHABET", "CODE_LENGTH", "Approval", "PairingCode", "PairingFull", "PairingStore",
            "normalize_code"]

@@ -97,7 +97,13 @@ class InboundMessage:
     """The thread (Telegram topic, Discord thread) of ``deliver_to`` the answer goes to."""
     session_override: str | None = None
     """A routing override from config; the model never chooses it."""
+    context_only: bool = False
+    """Kept in the session's history without a turn or a reply (group chatter not addressed to
+    the bot, handed over as context right before the next message that is)."""
+    senders_inline: bool = False
+    """The text already names each sender (several group messages merged into one turn)."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    """Platform extras for display and logs; never read to decide what happens."""
 
     def __post_init__(self) -> None:
         if self.received_at.tzinfo is None:
@@ -116,6 +122,12 @@ class InboundMessage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InboundMessage:
+        data = dict(data)
+        old = dict(data.get("metadata") or {})
+        for flag in ("context_only", "senders_inline"):  # inbox rows of earlier versions
+            if flag in old:
+                data.setdefault(flag, bool(old.pop(flag)))
+        data["metadata"] = old
         return _from_dict(cls, data)  # type: ignore[no-any-return]
 
 
@@ -145,8 +157,3 @@ class ChatActivity:
     chat_id: str
     thread_id: str | None = None
     busy: bool = True
-
-
-CONTEXT_ONLY = "context_only"
-"""``InboundMessage.metadata[CONTEXT_ONLY] = True``: keep the message in the session's history
-(a group message not addressed to the bot) without running a turn or replying."""

@@ -1,0 +1,51 @@
+"""Value types the channels and the agent exchange through the composition root.
+
+A channel reports a ``Delivery`` for each message it sends and describes how it shows text with
+``ChannelHints``; the agent reads the hints into the runtime block and the delivery results
+through the message tool. ``COMMAND_DESCRIPTIONS`` is what channels put in their command menus
+(the agent answers the commands).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """What a channel did with one outbound message."""
+
+    ok: bool
+    message_ids: tuple[str, ...] = ()
+    error: str | None = None
+    retry_after: float | None = None
+    permanent: bool = False
+    """True when trying again cannot help (chat gone, bot blocked)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelHints:
+    """What the agent is told about how its reply is shown."""
+
+    markup: str = "plain text"
+    max_length: int | None = None
+    etiquette: str = ""
+
+    def lines(self) -> list[str]:
+        out = [f"Markup: {self.markup}"]
+        if self.max_length:
+            out.append(f"Message length limit: {self.max_length} characters "
+                       "(longer replies are split)")
+        if self.etiquette:
+            out.append(f"Etiquette: {self.etiquette}")
+        return out
+
+
+COMMAND_DESCRIPTIONS: dict[str, str] = {
+    "new": "start a fresh conversation (the old one stays saved)",
+    "stop": "stop the running answer at once (what you sent is kept)",
+    "compact": "summarise the older part of the conversation now (/compact [focus])",
+    "status": "model, session, message count and context size",
+    "help": "list the commands",
+}
+"""What channels show in their command menus (Telegram's setMyCommands, ...)."""
