@@ -42,6 +42,7 @@ from gateway.kernel.events import (
 )
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store, StoredMessage
+from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints
 
 _log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class AgentLoop:
         self.compactor = Compactor(provider, store, self.counter, self.compaction)
         self._limit = asyncio.Semaphore(config.agent.max_concurrent_turns)
         self._lanes: dict[str, _Lane] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._dispatcher: asyncio.Task[None] | None = None
         self._tools_tokens: tuple[list[dict[str, Any]], int] | None = None
         self.turns_done = 0
@@ -155,12 +156,7 @@ class AgentLoop:
             self._dispatcher = None
         for msg in self.bus.drain_inbound():  # taken before intake closed: still answered
             self.submit(msg)
-        pending = set(self._tasks)
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=grace)
-            for task in still:
-                task.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
+        await self._tasks.finish(grace)
 
     @property
     def busy_sessions(self) -> int:
@@ -174,12 +170,6 @@ class AgentLoop:
     def queued(self) -> int:
         return sum(len(lane.waiting) for lane in self._lanes.values())
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def _dispatch(self) -> None:
         while True:
             msg = await self.bus.consume_inbound()
@@ -192,10 +182,10 @@ class AgentLoop:
 
     def submit(self, msg: InboundMessage) -> None:
         if msg.is_command and parse_command(msg.text)[0] in IMMEDIATE:
-            self._spawn(self._command(msg), f"command:{msg.session_key}")
+            self._tasks.spawn(self._command(msg), f"command:{msg.session_key}")
             return
         if msg.is_command and parse_command(msg.text)[0] == "stop":
-            self._spawn(self._stop_command(msg), f"stop:{msg.session_key}")
+            self._tasks.spawn(self._stop_command(msg), f"stop:{msg.session_key}")
             return
         key = msg.session_key
         lane = self._lanes.get(key)
@@ -204,7 +194,7 @@ class AgentLoop:
         lane.waiting.append(Work(msg))
         lane.waiting = fold(lane.waiting, self.config.agent.queue_cap)
         if lane.task is None:
-            lane.task = self._spawn(self._drain(key, lane), f"lane:{key}")
+            lane.task = self._tasks.spawn(self._drain(key, lane), f"lane:{key}")
 
     async def _drain(self, key: str, lane: _Lane) -> None:
         try:

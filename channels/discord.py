@@ -32,7 +32,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -58,6 +58,7 @@ from gateway.kernel.config import DiscordChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
 from gateway.kernel.pairing import PairingStore
 from gateway.kernel.store import Store
+from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class DiscordChannel(StateWatch):
                                 client=self._live_client, inbox_dir=workspace / "inbox",
                                 on_handled=self._notify, cursors=Cursors(store))
         self._read_back_at_start = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._runner: asyncio.Task[None] | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
         self._busy: dict[str, int] = {}
@@ -207,9 +208,9 @@ class DiscordChannel(StateWatch):
         # What was said while the gateway was stopped is read back once connected.
         self._read_back_at_start = await self._inbound.restore()
         self._running = True
-        runner = self._runner = self._spawn(self._run(), "discord-gateway")
-        self._spawn(self._inbound.run(), "discord-inbound")
-        self._spawn(self._watchdog(), "discord-watchdog")
+        runner = self._runner = self._tasks.spawn(self._run(), "discord-gateway")
+        self._tasks.spawn(self._inbound.run(), "discord-inbound")
+        self._tasks.spawn(self._watchdog(), "discord-watchdog")
         waiter = asyncio.create_task(self._settled.wait(), name="discord-wait-ready")
         try:
             await asyncio.wait({runner, waiter}, timeout=self.config.connect_timeout,
@@ -239,9 +240,7 @@ class DiscordChannel(StateWatch):
         client, self._client = self._client, None
         if client is not None:
             await self._close_client(client)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         self._typing.clear()
         self._busy.clear()
         self._logged_in = False
@@ -263,12 +262,6 @@ class DiscordChannel(StateWatch):
         ready_task = getattr(client._connection, "_ready_task", None)
         if isinstance(ready_task, asyncio.Task):
             ready_task.cancel()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def _redact_logs(self, on: bool) -> None:
         """Filter discord.py's loggers (a filter applies to its own logger only, not children)."""
@@ -360,7 +353,7 @@ class DiscordChannel(StateWatch):
             # A fresh session replays nothing: read back what was missed, after a lost
             # session or, on the first one, since the gateway last ran.
             if self._sessions > 1 or self._read_back_at_start:
-                self._spawn(self._catch_up(), "discord-catch-up")
+                self._tasks.spawn(self._catch_up(), "discord-catch-up")
         self._ready.set()
         self._settled.set()
         await self._notify()
@@ -441,7 +434,8 @@ class DiscordChannel(StateWatch):
         if count > 0:
             self._busy[key] = count
             if key not in self._typing:
-                self._typing[key] = self._spawn(self._keep_typing(key), f"discord-typing:{key}")
+                self._typing[key] = self._tasks.spawn(self._keep_typing(key),
+                                                      f"discord-typing:{key}")
             return
         self._busy.pop(key, None)
         task = self._typing.pop(key, None)

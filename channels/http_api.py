@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -51,3 +52,18 @@ def json_errors(log: logging.Logger, what: str,
             return json_error(500, "internal error")
 
     return middleware
+
+
+async def listen(app: web.Application, host: str, port: int, *, what: str,
+                 error: type[Exception], **runner_options: Any) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port``; a port that is taken (or a host that is not ours)
+    raises ``error`` naming ``what`` and the address, with nothing left half-open. Returns
+    the runner and the port really bound (``port`` 0 picks a free one)."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise error(f"{what}: cannot listen on {host}:{port}: {exc}") from exc
+    return runner, int(runner.addresses[0][1])

@@ -35,7 +35,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from channels.base import ChannelDeps, ChannelStatus
-from channels.http_api import ApiError, json_errors
+from channels.http_api import ApiError, json_errors, listen
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind, OutboundMessage
@@ -335,16 +335,8 @@ class LocalChannel:
         app.router.add_post("/v1/messages", self._post_message)
         app.router.add_get("/v1/messages", self._get_messages)
         app.router.add_get("/v1/health", self._get_health)
-        runner = web.AppRunner(app, shutdown_timeout=5.0)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise LocalChannelError(f"channels.local: cannot listen on {host}:{port}: {exc}") \
-                from exc
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self._runner, self.port = await listen(app, host, port, what="channels.local",
+                                               error=LocalChannelError, shutdown_timeout=5.0)
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         _log.info("local channel listening on %s", self.base_url)
 

@@ -27,10 +27,9 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -41,6 +40,7 @@ from telegram.request import HTTPXRequest
 
 from channels.base import ChannelDeps, ChannelStatus
 from channels.common import StateWatch
+from channels.http_api import listen
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     ALLOWED_UPDATES,
@@ -56,6 +56,7 @@ from gateway.kernel.config import TelegramChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
 from gateway.kernel.pairing import PairingStore
 from gateway.kernel.store import Store
+from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import COMMAND_DESCRIPTIONS, ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class TelegramChannel(StateWatch):
         self._offset: int | None = None
         self._store_failures: dict[int, int] = {}
         self._seen_updates: OrderedDict[int, None] = OrderedDict()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._poller: asyncio.Task[None] | None = None
         self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
         self._busy: dict[tuple[str, str | None], int] = {}
@@ -165,8 +166,8 @@ class TelegramChannel(StateWatch):
         if self.config.mode == "webhook":
             await self._start_webhook()
         else:
-            self._poller = self._spawn(self._poll(), "telegram-poll")
-            self._spawn(self._watchdog(), "telegram-watchdog")
+            self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
+            self._tasks.spawn(self._watchdog(), "telegram-watchdog")
         _log.info("telegram channel started (%s)%s", self.config.mode,
                   f" as @{self._me.username}" if self._me else "")
 
@@ -176,9 +177,7 @@ class TelegramChannel(StateWatch):
             return
         self._stopped = True
         self._running = False
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         self._typing.clear()
         self._busy.clear()
         if self._runner is not None:
@@ -201,12 +200,6 @@ class TelegramChannel(StateWatch):
             await self._bot.shutdown()
         except Exception:
             _log.exception("telegram: bot shutdown failed")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def _redact_logs(self, on: bool) -> None:
         """Filter the loggers that print request URLs (PTB's, httpx's): the token is in them."""
@@ -318,7 +311,7 @@ class TelegramChannel(StateWatch):
             await asyncio.gather(old, return_exceptions=True)
         self.watchdog_restarts += 1
         self._last_poll = self._clock()
-        self._poller = self._spawn(self._poll(), "telegram-poll")
+        self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
         await self._notify()
 
     # --- webhook --------------------------------------------------------------------------------
@@ -327,18 +320,10 @@ class TelegramChannel(StateWatch):
         url = self.config.webhook_url or ""
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post(urlsplit(url).path or "/", self._on_webhook)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.config.webhook_listen, self.config.webhook_port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise TelegramChannelError(f"channels.telegram: cannot listen on "
-                                       f"{self.config.webhook_listen}:"
-                                       f"{self.config.webhook_port}: {exc}") from exc
-        self._runner = runner
-        self.webhook_port = int(runner.addresses[0][1])
-        self._spawn(self._register_webhook(url), "telegram-webhook")
+        self._runner, self.webhook_port = await listen(
+            app, self.config.webhook_listen, self.config.webhook_port,
+            what="channels.telegram", error=TelegramChannelError, access_log=None)
+        self._tasks.spawn(self._register_webhook(url), "telegram-webhook")
 
     async def _register_webhook(self, url: str) -> None:
         backoff = Backoff()
@@ -417,8 +402,8 @@ class TelegramChannel(StateWatch):
         if count > 0:
             self._busy[key] = count
             if key not in self._typing:
-                self._typing[key] = self._spawn(self._keep_typing(*key),
-                                                f"telegram-typing:{event.chat_id}")
+                self._typing[key] = self._tasks.spawn(self._keep_typing(*key),
+                                                      f"telegram-typing:{event.chat_id}")
             return
         self._busy.pop(key, None)
         task = self._typing.pop(key, None)

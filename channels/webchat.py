@@ -33,7 +33,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.typedefs import Handler
 
 from channels.base import ChannelDeps, ChannelStatus
-from channels.http_api import ApiError, json_errors
+from channels.http_api import ApiError, json_errors, listen
 from channels.webchat_frames import (
     IMAGE_TYPES,
     FrameError,
@@ -170,16 +170,9 @@ class WebchatChannel:
         app.router.add_get("/ws", self._websocket)
         # No access log: it prints every URL, and a URL is the one place a careless client
         # might put the token.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise WebchatError(f"channels.webchat: cannot listen on {host}:{port}: {exc}") \
-                from exc
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self._runner, self.port = await listen(app, host, port, what="channels.webchat",
+                                               error=WebchatError, access_log=None,
+                                               shutdown_timeout=2.0)
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         self._closing = False
         self._running = True
