@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONFIG ?= config.example.yaml
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: run chat test lint bench install install-test clean
+.PHONY: run chat test lint bench install install-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,20 @@ run: install
 chat: install
 	$(BIN)/parley chat --config $(CONFIG)
 
-test: install-test
+# System packages tests drive for real (Debian's chromium for the WebChat browser tests), installed
+# with apt-get when missing and allowed (root, or sudo without a password); otherwise the command
+# to run is printed and those tests say why they skip.
+SYSTEM_PACKAGES := chromium
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=none; fi; \
+	  if [ "$$sudo" = none ]; then echo "make: missing system packages:$$missing (apt-get install$$missing)" >&2; \
+	  else { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; } \
+	    || echo "make: could not install$$missing; the tests that need them will say so" >&2; fi; \
+	fi
+
+test: install-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -rs
 

@@ -1,4 +1,4 @@
-"""WebChat in a real headless browser: Debian's ``chromium`` (``.ci/run`` installs it with
+"""WebChat in a real headless browser: Debian's ``chromium`` (``make test`` installs it with
 apt-get) driven by Playwright through ``executable_path``. Never ``playwright install``: it
 downloads a browser, which this project does not do. Without chromium these tests are skipped,
 and the reason is printed."""
@@ -22,7 +22,7 @@ from tests.fakes.openai_server import ScriptedLLM
 
 CHROMIUM = shutil.which("chromium")
 SKIP_REASON = ("WebChat browser tests skipped: Debian's chromium is not installed "
-               "(apt-get install chromium; .ci/run installs it before `make test`)")
+               "(apt-get install chromium; `make test` installs it when it runs as root)")
 _PRINTED = pytest.StashKey[bool]()
 ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run",
