@@ -15,21 +15,19 @@ everything from history; a sent message is acknowledged only once the bus holds 
 sends unacknowledged messages again after reconnecting (deduplicated by their id). Beyond
 loopback a token is required; the WebSocket checks ``Origin``; without a token only loopback
 ``Host`` names are served (DNS rebinding). The access log is off: no URL reaches a log line.
+
+The WebSocket half (``ChatSockets``: socket auth, frames, the log → publish → ack path) is in
+``webchat_sockets``; ``CLOSE_UNAUTHORIZED`` and the socket limits are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import sqlite3
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from channels.base import ChannelDeps, ChannelStatus
@@ -37,35 +35,38 @@ from channels.http_api import ApiError, json_errors, listen
 from channels.webchat_frames import (
     IMAGE_TYPES,
     FrameError,
-    ImageData,
     check_chat_id,
     host_allowed,
     is_loopback,
     max_frame_bytes,
-    origin_allowed,
-    parse_frame,
-    parse_message,
     query_uint,
 )
-from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog, save_image, user_key
-from gateway.kernel.bus import BusClosed, MessageBus
+from channels.webchat_sockets import (
+    AUTH_TIMEOUT,
+    CLOSE_UNAUTHORIZED,
+    MAX_QUEUED_FRAMES,
+    ChatSockets,
+    Socket,
+    now_iso,
+)
+from channels.webchat_store import MEDIA_NAME, WebchatLog
+from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
-from gateway.kernel.events import ChatActivity, InboundKind, InboundMessage, Media, OutboundMessage
+from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.store import Store
 from gateway.kernel.values import ChannelHints, Delivery
+
+__all__ = [
+    "AUTH_TIMEOUT", "CLOSE_UNAUTHORIZED", "MAX_PROGRESS_LINES", "MAX_QUEUED_FRAMES",
+    "SECURITY_HEADERS", "STATIC_DIR", "STATIC_FILES", "WebchatChannel", "WebchatError", "create",
+]
 
 _log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).with_name("webchat_static")
 STATIC_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
                 "/style.css": ("style.css", "text/css")}
-AUTH_TIMEOUT = 10.0
-"""Seconds a socket has to send its ``auth`` frame."""
-MAX_QUEUED_FRAMES = 500
-"""A socket this far behind is closed; the page reconnects and reads on from history."""
 MAX_PROGRESS_LINES = 20
-CLOSE_UNAUTHORIZED = 4401
-"""Close code telling the page to ask for the token again."""
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
                                "connect-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -80,35 +81,6 @@ class WebchatError(Exception):
     """The channel cannot start (unsafe listen address, port taken)."""
 
 
-@dataclass(eq=False)
-class _Socket:
-    """One open WebSocket. Frames go through a queue drained by one writer, so frames reach the
-    page in the order they were produced, and sync callers (``activity``) never wait."""
-
-    ws: web.WebSocketResponse
-    chat_id: str
-    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
-    closing: bool = False
-
-    def push(self, frame: dict[str, Any]) -> None:
-        if self.closing:
-            return
-        if self.queue.qsize() >= MAX_QUEUED_FRAMES:
-            _log.warning("webchat: a socket of chat %s fell behind; closing it", self.chat_id)
-            self.close()
-            return
-        self.queue.put_nowait(frame)
-
-    def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            self.queue.put_nowait(None)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
@@ -116,7 +88,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
         response.headers.setdefault("Cache-Control", "no-store")
 
 
-class WebchatChannel:
+class WebchatChannel(ChatSockets):
     name = "webchat"
     hints = ChannelHints(
         markup="Markdown subset: paragraphs, **bold**, *italic*, `code`, fenced code blocks, "
@@ -134,7 +106,7 @@ class WebchatChannel:
         self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
         self._token = config.token.encode() if config.token else None
         self._static: dict[str, tuple[bytes, str]] = {}
-        self._sockets: dict[str, set[_Socket]] = {}
+        self._sockets: dict[str, set[Socket]] = {}
         self._chat_locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, list[str]] = {}
         self._no_sockets = asyncio.Event()
@@ -229,7 +201,7 @@ class WebchatChannel:
         except sqlite3.Error as exc:
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
-            self.last_outbound_at = _now()
+            self.last_outbound_at = now_iso()
             self._broadcast(msg.chat_id, {"type": "message", "message": entry.to_json()})
         return Delivery(ok=True, message_ids=(str(entry.seq),))
 
@@ -241,10 +213,6 @@ class WebchatChannel:
             self._busy.pop(event.chat_id, None)
         self._broadcast(event.chat_id, {"type": "typing", "busy": event.busy})
 
-    def _broadcast(self, chat_id: str, frame: dict[str, Any]) -> None:
-        for sock in list(self._sockets.get(chat_id, ())):
-            sock.push(frame)
-
     # --- HTTP -------------------------------------------------------------------------------
 
     @web.middleware
@@ -254,12 +222,6 @@ class WebchatChannel:
             raise ApiError("host: only loopback names are served without "
                            "channels.webchat.token", 403)
         return await handler(request)
-
-    def _authorized(self, request: web.Request) -> bool:
-        if self._token is None:
-            return True
-        given = request.headers.get("Authorization", "").encode("utf-8", "backslashreplace")
-        return hmac.compare_digest(given, b"Bearer " + self._token)
 
     def _require_token(self, request: web.Request) -> None:
         if not self._authorized(request):
@@ -303,163 +265,6 @@ class WebchatChannel:
             raise ApiError("name: no such image in this chat", 404)
         return web.FileResponse(path, headers={"Content-Type": image["mime"],
                                                "Cache-Control": "private, max-age=86400"})
-
-    # --- WebSocket --------------------------------------------------------------------------
-
-    async def _websocket(self, request: web.Request) -> web.StreamResponse:
-        chat_id = check_chat_id(request.query.get("chat_id"))
-        if not origin_allowed(request.headers.get("Origin"), scheme=request.scheme,
-                              host_header=request.host,
-                              allowed=self.config.allowed_origins):
-            _log.warning("webchat: refused a socket from origin %r",
-                         request.headers.get("Origin"))
-            raise ApiError("origin: this page's origin may not open the chat socket", 403)
-        if self._closing:
-            raise ApiError("gateway is shutting down", 503)
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=self._max_frame)
-        await ws.prepare(request)
-        if not self._authorized(request) and not await self._socket_auth(ws):
-            _log.warning("webchat: refused a socket with a missing or wrong token from %s",
-                         request.remote)
-            await ws.send_json(FrameError("token: missing or wrong").frame())
-            await ws.close(code=CLOSE_UNAUTHORIZED, message=b"token required")
-            return ws
-        if self._closing:  # stopped while this socket was authenticating
-            await ws.close(code=WSCloseCode.GOING_AWAY)
-            return ws
-        sock = _Socket(ws, chat_id)
-        self._sockets.setdefault(chat_id, set()).add(sock)
-        self._no_sockets.clear()
-        writer = asyncio.create_task(self._write(sock), name=f"webchat-writer:{chat_id}")
-        try:
-            sock.push({"type": "ready", "chat_id": chat_id, "busy": chat_id in self._busy,
-                       "progress": list(self._busy.get(chat_id, ()))})
-            async for frame in ws:
-                if frame.type == WSMsgType.TEXT:
-                    await self._on_frame(sock, frame.data)
-                elif frame.type == WSMsgType.BINARY:
-                    sock.push(FrameError("frame: must be JSON text").frame())
-        finally:
-            sock.close()
-            await asyncio.gather(writer, return_exceptions=True)
-            self._forget(sock)
-        return ws
-
-    async def _socket_auth(self, ws: web.WebSocketResponse) -> bool:
-        """The page's first frame is ``{"type": "auth", "token"}`` (never part of the URL)."""
-        assert self._token is not None
-        try:
-            frame = await ws.receive(timeout=AUTH_TIMEOUT)
-        except TimeoutError:
-            return False
-        if frame.type != WSMsgType.TEXT:
-            return False
-        try:
-            data = json.loads(frame.data)
-        except ValueError:
-            return False
-        token = data.get("token") if isinstance(data, dict) and data.get("type") == "auth" \
-            else None
-        return isinstance(token, str) and hmac.compare_digest(
-            token.encode("utf-8", "backslashreplace"), self._token)
-
-    async def _write(self, sock: _Socket) -> None:
-        try:
-            while (frame := await sock.queue.get()) is not None:
-                await sock.ws.send_json(frame)
-        except (ConnectionError, RuntimeError):
-            pass  # the page went away; it reads on from history when it comes back
-        finally:
-            sock.closing = True
-            code = WSCloseCode.GOING_AWAY if self._closing else WSCloseCode.TRY_AGAIN_LATER
-            await sock.ws.close(code=code)
-
-    def _forget(self, sock: _Socket) -> None:
-        sockets = self._sockets.get(sock.chat_id)
-        if sockets is not None:
-            sockets.discard(sock)
-            if not sockets:
-                del self._sockets[sock.chat_id]
-                lock = self._chat_locks.get(sock.chat_id)
-                if lock is not None and not lock.locked():
-                    del self._chat_locks[sock.chat_id]
-        if not self._sockets:
-            self._no_sockets.set()
-
-    async def _on_frame(self, sock: _Socket, raw: str) -> None:
-        data: dict[str, Any] = {}
-        try:
-            data = parse_frame(raw)
-            kind = data["type"]
-            if kind == "message":
-                msg = parse_message(data, chat_id=sock.chat_id,
-                                    max_text_chars=self.config.max_text_chars,
-                                    max_image_bytes=self.config.max_image_bytes)
-                lock = self._chat_locks.setdefault(sock.chat_id, asyncio.Lock())
-                async with lock:  # two tabs resending one message publish it once
-                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text, msg.image)
-            elif kind == "ping":
-                sock.push({"type": "pong"})
-            elif kind != "auth":  # a second auth frame (header already did it) is harmless
-                raise FrameError(f"type: unknown frame type {kind!r}")
-        except FrameError as exc:
-            sock.push(exc.frame())
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception:
-            _log.exception("webchat: a frame of chat %s failed", sock.chat_id)
-            message_id = data.get("message_id") if isinstance(data.get("message_id"), str) \
-                else None
-            sock.push(FrameError("internal error; the message is sent again after reconnecting",
-                                 message_id=message_id, retry=True).frame())
-
-    async def _accept(self, sock: _Socket, chat_id: str, message_id: str, text: str,
-                      image: ImageData | None) -> None:
-        """Log → publish → mark accepted → ack. A message logged but not yet accepted (the bus
-        closed under it) is published again when the page resends it."""
-        key = user_key(chat_id, message_id)
-        entry = await self._log.find(key)
-        if entry is not None and entry.accepted:
-            sock.push({"type": "ack", "message_id": message_id, "seq": entry.seq,
-                       "duplicate": True})
-            return
-        if self._closing or self._bus.closed:
-            raise FrameError("gateway is restarting; the message is sent again after it",
-                             message_id=message_id, retry=True)
-        if entry is None:
-            saved = await asyncio.to_thread(save_image, image, self._media_dir) \
-                if image else None
-            entry, _ = await self._log.add(
-                chat_id=chat_id, role="user", kind=_inbound_kind(text), text=text, key=key,
-                image=saved, message_id=message_id, accepted=False)
-        try:
-            await self._bus.publish_inbound(self._inbound(entry))
-        except BusClosed:
-            raise FrameError("gateway is restarting; the message is sent again after it",
-                             message_id=message_id, retry=True) from None
-        await self._log.mark_accepted(entry.seq)
-        entry = replace(entry, accepted=True)
-        self.last_inbound_at = _now()
-        sock.push({"type": "ack", "message_id": message_id, "seq": entry.seq,
-                   "duplicate": False})
-        self._broadcast(chat_id, {"type": "message", "message": entry.to_json()})
-
-    def _inbound(self, entry: LogEntry) -> InboundMessage:
-        media: tuple[Media, ...] = ()
-        if entry.image:
-            media = (Media(kind="image", path=str(self._media_dir / entry.image["name"]),
-                           mime=entry.image["mime"], size=entry.image["size"]),)
-        assert entry.message_id is not None
-        return InboundMessage(
-            channel=self.name, chat_id=entry.chat_id, sender_id=entry.chat_id,
-            text=entry.text, media=media, message_id=entry.message_id,
-            kind=_inbound_kind(entry.text),
-            received_at=datetime.fromisoformat(entry.created_at), chat_type="direct")
-
-
-def _inbound_kind(text: str) -> InboundKind:
-    """Slash commands typed in the box go through like any message; the agent answers them."""
-    return "command" if text.startswith("/") else "user"
 
 
 def create(deps: ChannelDeps) -> WebchatChannel:

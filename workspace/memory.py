@@ -10,28 +10,54 @@ it; long paragraphs are split), offline and deterministic: the same files and qu
 same hits in the same order. A file is parsed once per version (inode, mtime, size), and the
 corpus statistics are rebuilt only when some file changed, so a turn over unchanged memory costs
 one ``stat`` per file. Writes append under a lock and replace the file atomically.
+
+The search itself (paragraphs, BM25, the recall lines) is in ``memory_search``, the write
+mechanics (atomic replace, locks, duplicate keys) in ``memory_files``; the names other modules
+import from here (``split_paragraphs``, ``tokenize``, ``MAX_CHUNK_CHARS``, ...) are re-exported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import re
-import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 from gateway.kernel.config import MemoryConfig
 from workspace.bootstrap import MEMORY_FILE
+from workspace.memory_files import (
+    across_processes,
+    atomic_write,
+    clean_entry,
+    entry_key,
+    entry_keys,
+    write_lock_for,
+)
+from workspace.memory_search import (
+    MAX_CHUNK_CHARS,
+    MAX_QUERY_TERMS,
+    Corpus,
+    Doc,
+    TextCounter,
+    cut_to_fit,
+    one_line,
+    parse_docs,
+    split_paragraphs,
+    tokenize,
+)
+
+__all__ = [
+    "FULL_RESCAN_SECONDS", "LOG_DIR", "MAX_CHUNK_CHARS", "MAX_ENTRY_CHARS", "MAX_QUERY_TERMS",
+    "RECALL_HEADER", "RECENT_LOGS", "Hit", "MemoryKind", "MemoryRefused", "MemoryStore", "Saved",
+    "Signature", "Sources", "TextCounter", "memory_store_for", "split_paragraphs", "tokenize",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -43,25 +69,6 @@ RECENT_LOGS = 3
 FULL_RESCAN_SECONDS = 60.0
 RECALL_HEADER = "Memory recall (may be relevant):"
 MAX_ENTRY_CHARS = 2000
-MAX_CHUNK_CHARS = 800
-MAX_QUERY_TERMS = 64
-_MIN_CUT_WORDS = 4
-_K1, _B = 1.5, 0.75
-_PRIOR_DOCS = 10
-"""Paragraphs without any query word assumed beside the real ones when weighing words: with
-only a few notes, a shared word is still telling (plain idf would call it common); with
-hundreds the prior no longer matters."""
-
-_WORD = re.compile(r"\w+")
-_HEADING = re.compile(r"^#{1,6}\s+(.*)$")
-_PLACEHOLDER = re.compile(r"^\(.*\)$", re.S)
-_MARKER = re.compile(r"^[ \t]*(?:[-*+][ \t]+|\[\d{1,2}:\d{2}\][ \t]*)+", re.M)
-_STOPWORDS = frozenset("""
-a about after all also am an and any are as at be been but by can could did do does for from
-had has have he hello her hey hi him his how i if in into is it its just me my no not of ok okay
-on or our please she so than thank thanks that the their them then there these they this to up
-us was we were what when where which who why will with would yes you your
-""".split())
 
 Signature = tuple[int, int, int]
 """(inode, mtime_ns, size): an atomic replace always changes the inode, even within one tick."""
@@ -69,10 +76,6 @@ Signature = tuple[int, int, int]
 
 class MemoryRefused(ValueError):
     """A write the model should rethink (empty, too long, MEMORY.md full); the text says how."""
-
-
-class TextCounter(Protocol):
-    def count_text(self, text: str) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,207 +95,8 @@ class Saved:
     """False when the same text was already there (nothing was written)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Doc:
-    path: str
-    line: int
-    text: str
-    terms: dict[str, int]
-    length: int
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercase words without stopwords, a plural ``s`` dropped (dentists ~ dentist)."""
-    out: list[str] = []
-    for word in _WORD.findall(text.lower()):
-        if word in _STOPWORDS or (len(word) < 2 and not word.isdigit()):
-            continue
-        if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-            word = word[:-1]
-        out.append(word)
-    return out
-
-
-def _split_long(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """Pieces of at most ``MAX_CHUNK_CHARS``, cut between lines, else at a space."""
-    pieces: list[tuple[int, str]] = []
-    current: list[str] = []
-    first, size = 0, 0
-    for no, line in lines:
-        while len(line) > MAX_CHUNK_CHARS:
-            cut = line.rfind(" ", 0, MAX_CHUNK_CHARS)
-            cut = cut if cut > MAX_CHUNK_CHARS // 2 else MAX_CHUNK_CHARS
-            if current:
-                pieces.append((first, "\n".join(current)))
-                current, size = [], 0
-            pieces.append((no, line[:cut].rstrip()))
-            line = line[cut:].lstrip()
-        if not line:
-            continue
-        if current and size + len(line) + 1 > MAX_CHUNK_CHARS:
-            pieces.append((first, "\n".join(current)))
-            current, size = [], 0
-        if not current:
-            first = no
-        current.append(line)
-        size += len(line) + 1
-    if current:
-        pieces.append((first, "\n".join(current)))
-    return pieces
-
-
-def split_paragraphs(text: str) -> list[tuple[int, str]]:
-    """(first line, text) of each searchable paragraph.
-
-    The file's title (a level-1 heading on its first line) is left out; a block of headings
-    alone sticks to the paragraph after it; template placeholders, paragraphs that are one
-    parenthesised remark like ``(Long-term facts ...)``, are skipped with their heading.
-    """
-    blocks: list[list[tuple[int, str]]] = []
-    current: list[tuple[int, str]] = []
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if no == 1 and line.startswith("# "):
-            continue
-        if line.strip():
-            current.append((no, line))
-        elif current:
-            blocks.append(current)
-            current = []
-    if current:
-        blocks.append(current)
-    out: list[tuple[int, str]] = []
-    pending: list[tuple[int, str]] = []
-    for block in blocks:
-        body = [line for _, line in block if not _HEADING.match(line)]
-        if not body:
-            pending = block
-        elif _PLACEHOLDER.match(" ".join(line.strip() for line in body)):
-            pending = []
-        else:
-            out.extend(_split_long(pending + block))
-            pending = []
-    return out
-
-
-def _parse(path: str, text: str) -> tuple[_Doc, ...]:
-    docs = []
-    for line, chunk in split_paragraphs(text):
-        terms = tokenize(_MARKER.sub("", chunk))  # the [HH:MM] stamps are not words to match
-        if terms:
-            docs.append(_Doc(path, line, chunk, dict(Counter(terms)), len(terms)))
-    return tuple(docs)
-
-
-class _Corpus:
-    """BM25 (k1 1.5, b 0.75, Lucene's always-positive idf, ``_PRIOR_DOCS``) over paragraphs."""
-
-    def __init__(self, docs: list[_Doc]) -> None:
-        self.docs = docs
-        avgdl = sum(d.length for d in docs) / len(docs) if docs else 1.0
-        self.norms = [_K1 * (1 - _B + _B * d.length / avgdl) for d in docs]
-        postings: dict[str, list[tuple[int, int]]] = {}
-        for i, doc in enumerate(docs):
-            for term, tf in doc.terms.items():
-                postings.setdefault(term, []).append((i, tf))
-        n = len(docs) + _PRIOR_DOCS
-        self.postings = postings
-        self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5))
-                    for t, p in postings.items()}
-
-    def top(self, terms: list[str], k: int) -> list[tuple[float, _Doc]]:
-        known = [t for t in dict.fromkeys(terms) if t in self.idf]  # each query word once
-        if len(known) > MAX_QUERY_TERMS:  # a pasted page: its rarest words carry the score
-            known = sorted(known, key=lambda t: (-self.idf[t], t))[:MAX_QUERY_TERMS]
-        scores: dict[int, float] = {}
-        for term in known:
-            idf = self.idf[term]
-            for i, tf in self.postings[term]:
-                scores[i] = scores.get(i, 0.0) + idf * tf * (_K1 + 1) / (tf + self.norms[i])
-        # docs are in (path, position) order, so the index breaks ties by path, then position
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
-        return [(score, self.docs[i]) for i, score in ranked]
-
-
-def _clean(text: str) -> str:
-    """The entry as written: trailing spaces and blank lines removed, so it stays one paragraph."""
-    return "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())
-
-
-def _key(text: str) -> str:
-    """What counts as the same entry: case, spacing, bullets and ``[HH:MM]`` stamps ignored."""
-    return " ".join(" ".join(_MARKER.sub("", line) for line in text.lower().splitlines()).split())
-
-
-def _keys(text: str) -> set[str]:
-    keys: set[str] = set()
-    for _, chunk in split_paragraphs(text):
-        keys.add(_key(chunk))
-        keys.update(_key(line) for line in chunk.splitlines())
-    return keys
-
-
-def _one_line(text: str) -> str:
-    """A paragraph as one recall line: ``## Projects`` becomes ``Projects:``, bullets ``;``."""
-    parts: list[str] = []
-    for line in text.splitlines():
-        heading = _HEADING.match(line)
-        if heading:
-            parts.append(heading.group(1).strip() + ":")
-        else:
-            stripped = re.sub(r"^\s*[-*+]\s+", "", line).strip()
-            if parts and re.match(r"^\s*[-*+]\s+", line) and not parts[-1].endswith(":"):
-                parts[-1] += ";"
-            parts.append(stripped)
-    return " ".join(" ".join(parts).split())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    target = path.resolve()  # through a symlink: replace its target, never the link itself
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, target.stat().st_mode & 0o777)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-_WRITE_LOCKS: dict[Path, threading.Lock] = {}
 _STORES: dict[tuple[Path, MemoryConfig, str], MemoryStore] = {}
 _GLOBAL = threading.Lock()
-
-
-@contextlib.contextmanager
-def _across_processes(root: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on the workspace folder itself (no lock file to show up in the
-    agent's listings): the gateway and ``parley chat`` on one workspace append in turn, so
-    neither's read-modify-write loses the other's note. Where flock is missing (Windows),
-    only this process's own lock applies."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def _write_lock_for(root: Path) -> threading.Lock:
-    """One lock per workspace, shared by every store on it: appends never interleave."""
-    with _GLOBAL:
-        return _WRITE_LOCKS.setdefault(root, threading.Lock())
 
 
 class MemoryStore:
@@ -306,10 +110,10 @@ class MemoryStore:
         self._clock = clock
         self._listing: tuple[Signature, float, list[tuple[str, Path, Signature]]] | None = None
         """The daily logs as last listed: (folder signature, when, entries sorted by name)."""
-        self._write_lock = _write_lock_for(workspace.expanduser().resolve())
+        self._write_lock = write_lock_for(workspace.expanduser().resolve())
         self._index_lock = threading.Lock()
-        self._files: dict[str, tuple[Signature, tuple[_Doc, ...]]] = {}
-        self._corpora: dict[Sources, tuple[tuple[tuple[str, Signature], ...], _Corpus]] = {}
+        self._files: dict[str, tuple[Signature, tuple[Doc, ...]]] = {}
+        self._corpora: dict[Sources, tuple[tuple[tuple[str, Signature], ...], Corpus]] = {}
 
     # writing ------------------------------------------------------------------------------
 
@@ -319,7 +123,7 @@ class MemoryStore:
         in that file is not written twice."""
         if when.tzinfo is None:
             raise ValueError("when must be timezone-aware")
-        body = _clean(text)
+        body = clean_entry(text)
         if not body:
             raise MemoryRefused("text is empty; say what to remember")
         if len(body) > MAX_ENTRY_CHARS:
@@ -339,13 +143,13 @@ class MemoryStore:
     def _append(self, rel: str, title: str, entry: str, *, limit: int | None = None) -> Saved:
         path = self.workspace / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._write_lock, _across_processes(self.workspace):
+        with self._write_lock, across_processes(self.workspace):
             try:
                 raw: bytes | None = path.read_bytes()
             except FileNotFoundError:
                 raw = None
             current = raw.decode("utf-8", errors="replace") if raw is not None else ""
-            if _key(entry) in _keys(current):
+            if entry_key(entry) in entry_keys(current):
                 return Saved(rel, False)
             if raw is None:
                 addition = f"# {title}\n\n{entry}\n"
@@ -360,7 +164,7 @@ class MemoryStore:
                     f"with every request, so do not grow it: rewrite {rel} shorter (merge "
                     "related facts, drop outdated ones) and save again, or save this with "
                     "kind=log instead")
-            _atomic_write(path, (raw or b"") + addition.encode("utf-8"))
+            atomic_write(path, (raw or b"") + addition.encode("utf-8"))
         with self._index_lock:
             self._files.pop(rel, None)
         _log.info("memory: saved %d characters to %s", len(entry), rel)
@@ -423,7 +227,7 @@ class MemoryStore:
         self._listing = (folder_sig, now, entries)
         return list(entries)
 
-    def _docs(self, rel: str, path: Path, sig: Signature) -> tuple[_Doc, ...]:
+    def _docs(self, rel: str, path: Path, sig: Signature) -> tuple[Doc, ...]:
         cached = self._files.get(rel)
         if cached and cached[0] == sig:
             return cached[1]
@@ -434,24 +238,24 @@ class MemoryStore:
         except OSError as exc:
             _log.warning("memory: cannot read %s: %s", path, exc)
             text = ""
-        docs = _parse(rel, text)
+        docs = parse_docs(rel, text)
         self._files[rel] = (sig, docs)
         return docs
 
-    def _corpus(self, sources: Sources) -> _Corpus:
+    def _corpus(self, sources: Sources) -> Corpus:
         found = self._scan(sources)
         sig = tuple((rel, s) for rel, _, s in found)
         cached = self._corpora.get(sources)
         if cached and cached[0] == sig:
             return cached[1]
-        docs: list[_Doc] = []
+        docs: list[Doc] = []
         for rel, path, s in found:
             docs.extend(self._docs(rel, path, s))
         present = {rel for rel, _, _ in found}
         for rel in list(self._files):
             if rel not in present and (sources == "all" or rel != MEMORY_FILE):
                 del self._files[rel]
-        corpus = _Corpus(docs)
+        corpus = Corpus(docs)
         self._corpora[sources] = (sig, corpus)
         return corpus
 
@@ -488,38 +292,15 @@ class MemoryStore:
                 if h.score > min_score]
         lines = [RECALL_HEADER]
         for hit in hits:
-            item = f"- [{hit.path}] {_one_line(hit.text)}"
+            item = f"- [{hit.path}] {one_line(hit.text)}"
             if counter.count_text("\n".join([*lines, item])) <= max_tokens:
                 lines.append(item)
                 continue
-            cut = _cut_to_fit(lines, item, counter, max_tokens)
+            cut = cut_to_fit(lines, item, counter, max_tokens)
             if cut:
                 lines.append(cut)
             break
         return "\n".join(lines) if len(lines) > 1 else None
-
-
-def _cut_to_fit(lines: list[str], item: str, counter: TextCounter, max_tokens: int) -> str | None:
-    """The longest word prefix of ``item`` (with an ellipsis) for which the block still fits."""
-    words = item.split(" ")
-    prefix = 2  # "-" and "[path]"
-
-    def candidate(n: int) -> str:
-        return " ".join(words[:n]) + " …"
-
-    def fits(n: int) -> bool:
-        return counter.count_text("\n".join([*lines, candidate(n)])) <= max_tokens
-
-    low, high = prefix + _MIN_CUT_WORDS, len(words) - 1
-    if low > high or not fits(low):
-        return None
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return candidate(low)
 
 
 def memory_store_for(workspace: Path, config: MemoryConfig | None = None, *,

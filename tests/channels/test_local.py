@@ -1,11 +1,13 @@
-"""The local channel, driven over real HTTP with a real bus."""
+"""The local channel, driven over real HTTP with a real bus: what a POST may carry, the
+token and listen address, health and errors. Replies and long polls are in
+``test_local_replies.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,9 @@ import pytest
 
 from channels.base import Channel
 from channels.local import (
-    MAX_RECORDS_PER_CHAT,
     LocalChannel,
     LocalChannelError,
     is_loopback,
-    parse_poll_query,
 )
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import LocalChannelConfig
@@ -59,19 +59,6 @@ async def next_inbound(bus: MessageBus) -> InboundMessage:
 
 def reply(chat_id: str, text: str, **kw: Any) -> OutboundMessage:
     return OutboundMessage(channel="local", chat_id=chat_id, text=text, **kw)
-
-
-def waiting_spy(channel: LocalChannel, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
-    """An event set when a poll begins; nothing yields between that and the wait itself."""
-    started = asyncio.Event()
-    original = channel.wait_messages
-
-    async def spy(chat_id: str, **kw: Any) -> tuple[list[dict[str, Any]], int]:
-        started.set()
-        return await original(chat_id, **kw)
-
-    monkeypatch.setattr(channel, "wait_messages", spy)
-    return started
 
 
 async def test_is_a_channel(channel: LocalChannel) -> None:
@@ -209,119 +196,6 @@ async def test_closed_bus_is_503(http: aiohttp.ClientSession, bus: MessageBus) -
         assert await resp.json() == {"error": "gateway is shutting down"}
 
 
-async def test_send_then_get_returns_records_and_next(channel: LocalChannel,
-                                                      http: aiohttp.ClientSession) -> None:
-    first = await channel.send(reply("c1", "one", turn_id="t1"))
-    await channel.send(reply("other", "elsewhere"))
-    await channel.send(reply("c1", "two", kind="progress", thread_id="th"))
-    assert first.ok and first.message_ids == ("1",)
-    async with http.get("/v1/messages", params={"chat_id": "c1"}) as resp:
-        assert resp.status == 200
-        data = await resp.json()
-    assert [m["text"] for m in data["messages"]] == ["one", "two"]
-    assert [m["seq"] for m in data["messages"]] == [1, 3]
-    assert data["next"] == 3
-    record = data["messages"][0]
-    assert set(record) >= {"seq", "chat_id", "text", "kind", "reply_to", "media", "created_at"}
-    assert record["created_at"].endswith("+00:00") and record["turn_id"] == "t1"
-    assert data["messages"][1]["kind"] == "progress"
-    async with http.get("/v1/messages", params={"chat_id": "c1", "after": "1"}) as resp:
-        data = await resp.json()
-    assert [m["text"] for m in data["messages"]] == ["two"]
-    async with http.get("/v1/messages", params={"chat_id": "c1", "after": "3"}) as resp:
-        assert await resp.json() == {"messages": [], "next": 3}
-
-
-@pytest.mark.parametrize(("params", "field"), [
-    ({}, "chat_id:"),
-    ({"chat_id": "c1", "after": "-1"}, "after:"),
-    ({"chat_id": "c1", "after": "x"}, "after:"),
-    ({"chat_id": "c1", "wait": "soon"}, "wait:"),
-    ({"chat_id": "c1", "wait": "-2"}, "wait:"),
-    ({"chat_id": "c1", "wait": "nan"}, "wait:"),
-])
-async def test_bad_poll_query_is_400(http: aiohttp.ClientSession, params: dict[str, str],
-                                     field: str) -> None:
-    async with http.get("/v1/messages", params=params) as resp:
-        assert resp.status == 400
-        assert (await resp.json())["error"].startswith(field)
-
-
-def test_wait_is_capped_at_60_seconds() -> None:
-    assert parse_poll_query({"chat_id": "c", "wait": "600"}) == ("c", 0, 60.0)
-    assert parse_poll_query({"chat_id": "c", "after": "4", "wait": "1.5"}) == ("c", 4, 1.5)
-
-
-async def test_long_poll_returns_when_a_message_arrives(
-        channel: LocalChannel, http: aiohttp.ClientSession,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    started = waiting_spy(channel, monkeypatch)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    poll = asyncio.create_task(
-        http.get("/v1/messages", params={"chat_id": "c1", "wait": "30"}), name="test-poll")
-    await asyncio.wait_for(started.wait(), 5)
-    await channel.send(reply("other", "not for c1"))
-    await channel.send(reply("c1", "now"))
-    async with await asyncio.wait_for(poll, 5) as resp:
-        data = await resp.json()
-    assert loop.time() - t0 < 5
-    assert [m["text"] for m in data["messages"]] == ["now"] and data["next"] == 2
-
-
-async def test_long_poll_without_messages_returns_empty_after_wait(
-        channel: LocalChannel, http: aiohttp.ClientSession) -> None:
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    async with http.get("/v1/messages",
-                        params={"chat_id": "c1", "after": "7", "wait": "0.2"}) as resp:
-        assert await resp.json() == {"messages": [], "next": 7}
-    assert 0.15 <= loop.time() - t0 < 5
-
-
-async def test_send_is_idempotent(channel: LocalChannel) -> None:
-    msg = reply("c1", "once")
-    first = await channel.send(msg)
-    assert await channel.send(msg) == first
-    found, next_seq = await channel.wait_messages("c1", timeout=0)
-    assert [m["text"] for m in found] == ["once"] and next_seq == 1
-    assert channel.status().detail["stored"] == 1
-
-
-async def test_memory_is_bounded_across_chats(channel: LocalChannel,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("channels.local.MAX_RECORDS", 5)
-    for i in range(4):
-        await channel.send(reply("old", f"o{i}"))
-    for i in range(4):
-        await channel.send(reply("new", f"n{i}"))
-    assert channel.status().detail["stored"] == 5
-    old, _ = await channel.wait_messages("old", timeout=0)
-    new, _ = await channel.wait_messages("new", timeout=0)
-    assert [m["text"] for m in old] == ["o3"]  # the least recent chat gives way first
-    assert [m["text"] for m in new] == ["n0", "n1", "n2", "n3"]
-
-
-async def test_a_reply_wakes_only_its_own_chat(channel: LocalChannel) -> None:
-    other = asyncio.create_task(channel.wait_messages("c2", timeout=5))
-    mine = asyncio.create_task(channel.wait_messages("c1", timeout=5))
-    await asyncio.sleep(0)  # both are waiting now
-    await channel.send(reply("c1", "for c1"))
-    found, _ = await asyncio.wait_for(mine, 1)
-    assert [m["text"] for m in found] == ["for c1"]
-    assert not other.done()
-    await channel.send(reply("c2", "for c2"))
-    assert [m["text"] for m in (await asyncio.wait_for(other, 1))[0]] == ["for c2"]
-
-
-async def test_memory_is_bounded_per_chat(channel: LocalChannel) -> None:
-    for i in range(MAX_RECORDS_PER_CHAT + 5):
-        await channel.send(reply("c1", f"m{i}"))
-    found, next_seq = await channel.wait_messages("c1", timeout=0)
-    assert len(found) == MAX_RECORDS_PER_CHAT
-    assert found[0]["text"] == "m5" and next_seq == MAX_RECORDS_PER_CHAT + 5
-
-
 async def test_token_is_required_when_configured(tmp_path: Path, bus: MessageBus,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -393,62 +267,3 @@ async def test_unexpected_error_is_500_json_and_logged(
     finally:
         await channel.stop()
     assert any("health exploded" in (r.exc_text or "") for r in caplog.records)
-
-
-async def fake_agent(bus: MessageBus, channel: LocalChannel) -> None:
-    while True:
-        msg = await bus.consume_inbound()
-        await channel.send(reply(msg.chat_id, "thinking…", kind="progress"))
-        await channel.send(reply(msg.chat_id, f"echo: {msg.text}", reply_to=msg.message_id))
-
-
-async def run_with_agent(bus: MessageBus, channel: LocalChannel,
-                         body: Callable[[], Awaitable[None]]) -> None:
-    agent = asyncio.create_task(fake_agent(bus, channel), name="fake-agent")
-    try:
-        await body()
-    finally:
-        agent.cancel()
-        await asyncio.gather(agent, return_exceptions=True)
-
-
-async def test_ask_round_trip_in_process(tmp_path: Path, bus: MessageBus) -> None:
-    config = LocalChannelConfig.model_validate({})
-    channel = LocalChannel(config, bus, media_dir=tmp_path, serve_http=False)
-    await channel.start()
-
-    async def body() -> None:
-        await channel.send(reply("c1", "an old reply"))
-        assert await channel.ask("c1", "hello", timeout=5) == "echo: hello"
-        assert await channel.ask("c1", "again", sender_id="u2", timeout=5) == "echo: again"
-
-    await run_with_agent(bus, channel, body)
-    assert channel.base_url is None and channel.status().running
-    await channel.stop()
-
-
-async def test_ask_times_out_without_an_answer(channel: LocalChannel) -> None:
-    with pytest.raises(TimeoutError):
-        await channel.ask("c1", "anyone?", timeout=0.1)
-
-
-async def test_stop_wakes_long_poll_and_is_safe_twice(
-        tmp_path: Path, bus: MessageBus, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = asyncio.all_tasks()
-    channel = make_channel(tmp_path, bus)
-    await channel.start()
-    started = waiting_spy(channel, monkeypatch)
-    loop = asyncio.get_running_loop()
-    async with aiohttp.ClientSession(base_url=channel.base_url) as http:
-        t0 = loop.time()
-        poll = asyncio.create_task(
-            http.get("/v1/messages", params={"chat_id": "c1", "wait": "30"}), name="test-poll")
-        await asyncio.wait_for(started.wait(), 5)
-        await asyncio.wait_for(channel.stop(), 5)
-        async with await asyncio.wait_for(poll, 5) as resp:
-            assert await resp.json() == {"messages": [], "next": 0}
-        assert loop.time() - t0 < 5
-    await channel.stop()
-    assert not channel.status().running
-    left = {t for t in asyncio.all_tasks() - before if not t.done()}
-    assert left == set()

@@ -1,0 +1,238 @@
+"""The ``agent:`` section: model and transport, context budget and compaction, tools,
+memory and MCP servers.
+
+Separate from the root ``Config`` (``gateway/kernel/config.py``), which re-exports every class
+here, so the agent's settings read on their own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.kernel.config_fields import (
+    Duration,
+    OptionalSecret,
+    OptionalStr,
+    Section,
+    check_target,
+)
+
+
+class CompactionConfig(Section):
+    enabled: bool = True
+    keep_recent_share: float = Field(0.3, gt=0, lt=1)
+    """Share of the history budget kept word for word after a compaction."""
+    memory_flush: bool = True
+    timeout: Duration = 60.0
+    summary_max_tokens: int = Field(800, gt=50)
+
+
+class ContextConfig(Section):
+    max_context_tokens: int | None = Field(
+        None, gt=0, description="None: the model's window from litellm, else 32,000")
+    max_recent_messages: int = Field(50, gt=0)
+    max_tool_snippet_tokens: int = Field(2000, gt=0)
+    reply_reserve_tokens: int = Field(4096, ge=0)
+    bootstrap_max_chars: int = Field(20_000, gt=100)
+    bootstrap_total_max_chars: int = Field(150_000, gt=100)
+    compaction: CompactionConfig = CompactionConfig()
+
+
+class ExecToolConfig(Section):
+    enabled: bool = True
+    timeout: Duration = 60.0
+    max_output_chars: int = Field(10_000, gt=100)
+    deny: list[str] = Field(default_factory=list, description="extra regexes refused as commands")
+
+    @field_validator("deny")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for i, pattern in enumerate(patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"deny[{i}] {pattern!r} is not a valid regular expression: "
+                                 f"{exc}") from None
+        return patterns
+
+
+class FileToolsConfig(Section):
+    enabled: bool = True
+    restrict_to_workspace: bool = True
+    max_read_chars: int = Field(12_000, gt=100)
+
+
+class MessageToolConfig(Section):
+    """``agent/tools/message.py``: the agent sends text and workspace files to its chat."""
+
+    enabled: bool = True
+    allowed_targets: list[str] = Field(default_factory=list)
+    """Other chats (``channel:chat_id``) the agent may message; its own chat always."""
+
+    @field_validator("allowed_targets")
+    @classmethod
+    def _targets(cls, values: list[str]) -> list[str]:
+        return [check_target(v) for v in values]
+
+
+class CronToolConfig(Section):
+    """``agent/tools/cron.py``: the agent adds, lists and removes its chat's scheduled jobs."""
+
+    enabled: bool = True
+
+
+class WebSearchConfig(Section):
+    """``web_search`` (``agent/tools/web.py``): offered only when a provider is set."""
+
+    provider: Literal["none", "brave", "searxng"] = "none"
+    api_key: OptionalSecret = None
+    base_url: OptionalStr = None
+    """Brave: the API endpoint (default Brave's); SearXNG: the instance (JSON format on)."""
+    max_results: int = Field(5, gt=0, le=20)
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> WebSearchConfig:
+        if self.provider == "brave" and self.api_key is None:
+            raise ValueError("provider brave needs api_key (e.g. ${BRAVE_API_KEY})")
+        if self.provider == "searxng" and not self.base_url:
+            raise ValueError("provider searxng needs base_url (e.g. http://localhost:8888)")
+        return self
+
+
+class WebToolsConfig(Section):
+    """``web_fetch`` (``agent/tools/web.py``) and its SSRF guard; ``search``: web_search."""
+
+    enabled: bool = True
+    allow_hosts: list[str] = Field(default_factory=list)
+    """Host names, addresses or networks (10.0.0.0/8) web_fetch may reach although they are
+    private, loopback or link-local."""
+    max_bytes: int = Field(2_000_000, gt=0)
+    max_chars: int = Field(12_000, gt=100)
+    timeout: Duration = 20.0
+    search: WebSearchConfig = WebSearchConfig()
+
+
+class SpawnToolConfig(Section):
+    """``agent/subagent.py``: the ``spawn`` tool hands a task to a subagent."""
+
+    enabled: bool = True
+    max_iterations: int = Field(15, gt=0)
+    max_concurrent: int = Field(3, gt=0)
+    timeout: Duration = 300.0
+
+
+class ToolsConfig(Section):
+    files: FileToolsConfig = FileToolsConfig()
+    exec: ExecToolConfig = ExecToolConfig()
+    message: MessageToolConfig = MessageToolConfig()
+    cron: CronToolConfig = CronToolConfig()
+    web: WebToolsConfig = WebToolsConfig()
+    spawn: SpawnToolConfig = SpawnToolConfig()
+    max_result_chars: int = Field(16_000, gt=100)
+
+
+class MCPServerConfig(Section):
+    """One MCP server (``agent/mcp.py``): ``command`` (stdio) or ``url`` (streamable HTTP)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")
+    enabled: bool = True
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """Added to a small safe environment (PATH, HOME, ...): the gateway's secrets stay out."""
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    tools: list[str] = Field(default_factory=list)
+    """Offer only these of the server's tools (its own names); empty: all of them."""
+    tool_timeout: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either command (a stdio server) or url (streamable HTTP)")
+        if self.url is not None and not re.match(r"^https?://", self.url):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        if self.command is None and (self.args or self.env):
+            raise ValueError("args and env are for stdio servers (command)")
+        if self.url is None and self.headers:
+            raise ValueError("headers are for HTTP servers (url)")
+        return self
+
+
+class MCPConfig(Section):
+    servers: list[MCPServerConfig] = Field(default_factory=list)
+    connect_timeout: Duration = 15.0
+    """How long the gateway's start waits for the servers; a slower one joins when ready."""
+    max_backoff: Duration = 60.0
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, servers: list[MCPServerConfig]) -> list[MCPServerConfig]:
+        names = [s.name for s in servers]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"server names must be unique: {', '.join(dupes)}")
+        return servers
+
+
+class MemoryConfig(Section):
+    """``workspace/memory.py``: MEMORY.md (lasting facts, in the system prompt), daily logs
+    ``memory/YYYY-MM-DD.md``, the ``memory`` tool and recall into the runtime block."""
+
+    enabled: bool = True
+    daily_log: bool = True
+    max_memory_chars: int = Field(8_000, gt=100)
+    """MEMORY.md is sent with every request: past this the model must consolidate it."""
+    recall_sources: Literal["logs", "all"] = "logs"
+    recall_max_items: int = Field(3, ge=0)
+    recall_max_tokens: int = Field(300, ge=0)
+    recall_min_score: float = Field(1.0, ge=0)
+
+
+class FallbackModelConfig(Section):
+    """A fallback on another server or provider: its own ``api_base`` and ``api_key``
+    (unset: the provider's own, e.g. ``OPENAI_API_KEY``). A fallback written as a plain
+    model name shares the main model's ``api_base`` and ``api_key``."""
+
+    model: str = Field(min_length=1)
+    api_base: OptionalStr = None
+    api_key: OptionalStr = None
+
+
+class AgentConfig(Section):
+    model: str = "openai/gpt-4o-mini"
+    api_base: OptionalStr = None
+    api_key: OptionalStr = None
+    fallbacks: list[str | FallbackModelConfig] = Field(default_factory=list)
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int = Field(4096, gt=0)
+    max_iterations: int = Field(20, gt=0)
+    timeout: Duration = 120.0
+    max_retries: int = Field(3, ge=0)
+    retry_backoff: Duration = 1.0
+    stream: bool = False
+    transport: Literal["auto", "litellm"] = "auto"
+    """``auto``: ``openai/<name>`` at an ``api_base`` is posted directly (aiohttp), everything
+    else goes through litellm; ``litellm``: every call goes through litellm."""
+    timezone: str = "UTC"
+    max_concurrent_turns: int = Field(4, gt=0)
+    queue_mode: Literal["collect", "followup", "steer"] = "collect"
+    queue_cap: int = Field(20, ge=2)
+    shutdown_grace: Duration = 10.0
+    context: ContextConfig = ContextConfig()
+    tools: ToolsConfig = ToolsConfig()
+    memory: MemoryConfig = MemoryConfig()
+    mcp: MCPConfig = MCPConfig()
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown IANA timezone {value!r}") from exc
+        return value

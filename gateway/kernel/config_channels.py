@@ -1,0 +1,214 @@
+"""The ``channels:`` section: one model per adapter (local, terminal, Telegram, Discord,
+WebChat) and the outbox's delivery deadlines.
+
+Separate from the root ``Config`` (``gateway/kernel/config.py``), which re-exports every class
+here, so each adapter's settings and their cross-checks read on their own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+
+from gateway.kernel.config_fields import Duration, IdList, OptionalSecret, OptionalStr, Section
+
+
+def _require_token(value: SecretStr | None, info: ValidationInfo, how: str) -> SecretStr | None:
+    if value is None and info.data.get("enabled"):
+        raise ValueError(how)
+    return value
+
+
+class LocalChannelConfig(Section):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    token: OptionalStr = None
+    max_text_chars: int = Field(100_000, gt=0)
+    max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
+
+
+class TerminalChannelConfig(Section):
+    enabled: bool = True
+    chat_id: str = "terminal"
+    sender_id: str = "owner"
+
+
+class TelegramChannelConfig(Section):
+    """``channels/telegram.py``."""
+
+    enabled: bool = False
+    token: OptionalSecret = Field(None, validate_default=True)
+    base_url: str = "https://api.telegram.org/bot"
+    base_file_url: str = "https://api.telegram.org/file/bot"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: OptionalStr = None
+    webhook_secret: OptionalSecret = None
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = Field(8443, ge=0, le=65535)
+    allow_from: IdList = Field(default_factory=list)
+    dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
+    group_policy: Literal["mention", "open", "disabled"] = "mention"
+    allow_groups: IdList = Field(default_factory=list)
+    group_history: int = Field(20, ge=0, le=500)
+    max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
+    poll_timeout: Duration = 30.0
+    watchdog: Duration = 90.0
+    typing_interval: Duration = 5.0
+
+    @field_validator("token")
+    @classmethod
+    def _token_when_enabled(cls, value: SecretStr | None,
+                            info: ValidationInfo) -> SecretStr | None:
+        return _require_token(value, info, "required when channels.telegram.enabled is true: "
+                              "create a bot with @BotFather and set channels.telegram.token "
+                              "(e.g. ${TELEGRAM_BOT_TOKEN})")
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_chars(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}",
+                                                  value.get_secret_value()):
+            raise ValueError("1-256 characters A-Z, a-z, 0-9, _ and - (Telegram's rule)")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TelegramChannelConfig:
+        if self.mode == "webhook" and (not self.webhook_url or not self.webhook_secret):
+            raise ValueError("mode webhook needs webhook_url (the public https URL Telegram "
+                             "calls) and webhook_secret")
+        if self.poll_timeout <= 0 or self.watchdog < 2 * self.poll_timeout:
+            raise ValueError("watchdog must be at least twice poll_timeout (> 0), or a "
+                             "healthy long poll would look stalled")
+        if self.typing_interval <= 0:
+            raise ValueError("typing_interval must be more than 0")
+        return self
+
+
+class DiscordChannelConfig(Section):
+    """``channels/discord.py``."""
+
+    enabled: bool = False
+    token: OptionalSecret = Field(None, validate_default=True)
+    api_base: str = "https://discord.com/api/v10"
+    """Discord's REST base; another Discord-compatible server's (its ``GET /gateway`` names
+    the websocket). Process-wide in discord.py: one Discord base per gateway process."""
+    allow_from: IdList = Field(default_factory=list)
+    """User ids always served."""
+    allow_guilds: IdList = Field(default_factory=list)
+    """Server ids: when set, the bot answers in these servers only, and there to anyone."""
+    allow_channels: IdList = Field(default_factory=list)
+    """Channel ids: when set, the bot answers in these channels (and their threads) only, and
+    there to anyone."""
+    dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
+    group_policy: Literal["mention", "open", "disabled"] = "mention"
+    group_history: int = Field(20, ge=0, le=500)
+    allow_bots: bool = False
+    allow_mentions: bool = False
+    reply_ping: bool = False
+    max_media_bytes: int = Field(25 * 1024 * 1024, gt=0)
+    typing_interval: Duration = 8.0
+    watchdog: Duration = 90.0
+    connect_timeout: Duration = 30.0
+
+    @field_validator("token")
+    @classmethod
+    def _token_when_enabled(cls, value: SecretStr | None,
+                            info: ValidationInfo) -> SecretStr | None:
+        return _require_token(value, info, "required when channels.discord.enabled is true: "
+                              "create a bot in the Discord developer portal (Bot → Reset "
+                              "Token) and set channels.discord.token (e.g. ${DISCORD_BOT_TOKEN})")
+
+    @field_validator("allow_from", "allow_guilds", "allow_channels")
+    @classmethod
+    def _snowflakes(cls, values: list[str]) -> list[str]:
+        for i, value in enumerate(values):
+            if not value.strip().isdigit():
+                raise ValueError(f"[{i}] {value!r} is not a Discord id: ids are numbers (turn "
+                                 "on Developer Mode in Discord, then right-click → Copy ID)")
+        return [v.strip() for v in values]
+
+    @field_validator("api_base")
+    @classmethod
+    def _base(cls, value: str) -> str:
+        if not re.match(r"^https?://", value):
+            raise ValueError(f"{value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _positive_times(self) -> DiscordChannelConfig:
+        for name in ("typing_interval", "watchdog", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be more than 0")
+        return self
+
+
+class WebchatChannelConfig(Section):
+    """``channels/webchat.py``: the chat page in the browser, served by the gateway."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(8766, ge=0, le=65535)
+    token: str | None = Field(None, validate_default=True)
+    """Required beyond loopback: the page asks for it once; HTTP sends it as a bearer token."""
+    max_text_chars: int = Field(20_000, gt=0)
+    max_image_bytes: int = Field(5 * 1024 * 1024, gt=0)
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Extra page origins (``https://chat.example.com``) allowed to open the WebSocket."""
+    history_limit: int = Field(200, gt=0, le=5000)
+    """Most messages one history request returns (the page pages on for more)."""
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        out = []
+        for i, origin in enumerate(origins):
+            if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+", origin.rstrip("/")):
+                raise ValueError(f"allowed_origins[{i}] {origin!r} is not an origin such as "
+                                 "https://chat.example.com (scheme, host, optional port)")
+            out.append(origin.rstrip("/").lower())
+        return out
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token_beyond_loopback(cls, value: Any, info: Any) -> Any:
+        """Anyone who can reach the page can talk to the agent (and its tools): beyond
+        loopback that must take a secret."""
+        import ipaddress
+
+        value = None if value == "" else value
+        host = str(info.data.get("host", "127.0.0.1"))
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if value is None and not loopback:
+            raise ValueError(f"channels.webchat.token is required to listen on {host!r}, "
+                             "which is not loopback; set a token or use host 127.0.0.1")
+        return value
+
+
+class DeliveryConfig(Section):
+    """The outbox: how long an undelivered message is retried before it is dead-lettered."""
+
+    reply_ttl: Duration = 600.0
+    notice_ttl: Duration = 600.0
+    scheduled_ttl: Duration = 3600.0
+    backoff: Duration = 1.0
+    max_backoff: Duration = 60.0
+
+    def ttl(self, kind: str) -> float:
+        if kind in ("cron", "heartbeat"):
+            return self.scheduled_ttl
+        return self.reply_ttl if kind == "reply" else self.notice_ttl
+
+
+class ChannelsConfig(Section):
+    delivery: DeliveryConfig = DeliveryConfig()
+    local: LocalChannelConfig = LocalChannelConfig()
+    terminal: TerminalChannelConfig = TerminalChannelConfig()
+    telegram: TelegramChannelConfig = TelegramChannelConfig()
+    discord: DiscordChannelConfig = DiscordChannelConfig()
+    webchat: WebchatChannelConfig = WebchatChannelConfig()

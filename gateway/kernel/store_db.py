@@ -1,0 +1,221 @@
+"""The connection under the ``Store``: the schema, opening (WAL, pragmas), closing and the
+two ways to write — ``transaction()`` and the one-hop ``_write()`` — plus reads for other modules'
+tables.
+
+Separate from the tables' methods (``store_sessions``, ``store_queues``,
+``store_snapshots``) so the locking and transaction rules, which every write depends on, read
+in one place together with every table they guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import aiosqlite
+
+from gateway.kernel.events import utcnow
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    message_count INTEGER NOT NULL DEFAULT 0,
+    last_context_tokens INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_active_key ON sessions(key) WHERE active = 1;
+CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key, id);
+
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    turn_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    body TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_session ON messages(session_id, id);
+
+CREATE TABLE IF NOT EXISTS turns (
+    id TEXT PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    inbound_id TEXT,
+    status TEXT NOT NULL,
+    error TEXT,
+    started_at TEXT NOT NULL,
+    finished_at TEXT
+);
+
+CREATE TABLE IF NOT EXISTS llm_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_ms REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
+
+CREATE TABLE IF NOT EXISTS context_snapshots (
+    turn_id TEXT PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    created_at TEXT NOT NULL,
+    context_hash TEXT NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    received_at TEXT NOT NULL,
+    done_at TEXT,
+    UNIQUE (channel, chat_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(id) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL,
+    delivered_at TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(id) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS compactions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id),
+    summary TEXT NOT NULL,
+    summary_tokens INTEGER NOT NULL,
+    first_kept_id INTEGER NOT NULL,
+    tokens_before INTEGER NOT NULL,
+    messages_summarised INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
+"""
+
+
+def iso(ts: datetime | None = None) -> str:
+    """A timestamp as stored: ISO 8601, now when not given."""
+    return (ts or utcnow()).isoformat()
+
+
+def dump_json(data: Any) -> str:
+    """A payload as stored: compact JSON, non-ASCII kept as is."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+class Database:
+    """One aiosqlite connection; writes go through ``transaction()`` or ``_write()`` under one
+    lock, so two concurrent turns never interleave statements in one transaction."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: Path) -> Self:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await db.execute("PRAGMA busy_timeout=5000")
+            await db.executescript(_SCHEMA)
+            await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, path)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            async with self._write_lock:
+                await self._db.close()
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` as one transaction on the database thread: one thread hop for the whole
+        transaction instead of one per statement (the hot path's writes; see bench/).
+        Uses aiosqlite's ``_execute``/``_conn`` (the version is pinned)."""
+        async with self._write_lock:
+            return await self._db._execute(_in_transaction, self._db._conn, fn)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction; everything in it lands or nothing does."""
+        async with self._write_lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            else:
+                await self._db.execute("COMMIT")
+
+    # for other modules' tables (pairing, cron, ...) ------------------------------------------
+
+    async def ensure_schema(self, sql: str) -> None:
+        """Create a module's tables (``CREATE TABLE IF NOT EXISTS ...``) in the one database."""
+        async with self._write_lock:
+            await self._db.executescript(sql)
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        return await self._fetchone(sql, params)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return await self._fetchall(sql, params)
+
+    # helpers ------------------------------------------------------------------------------
+
+    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        rows = await self._db.execute_fetchall(sql, params)  # one thread hop, not three
+        return next(iter(rows), None)
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        return list(await self._db.execute_fetchall(sql, params))

@@ -1,0 +1,236 @@
+"""Sessions, their messages and compactions, and ``save_turn``: everything a turn reads
+before it calls the model and writes when it is done.
+
+Separate from the inbox/outbox (``store_queues``) and the snapshots (``store_snapshots``) so
+the conversation's own tables read on their own; ``Store`` (``store.py``) joins them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.store_db import Database, dump_json, iso
+from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    id: int
+    key: str
+    active: bool
+    created_at: str
+    updated_at: str
+    message_count: int
+    last_context_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    turn_id: str
+    role: str
+    body: dict[str, Any]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary standing in for a session's messages before ``first_kept_id``."""
+
+    id: int
+    summary: str
+    summary_tokens: int
+    first_kept_id: int
+    tokens_before: int
+    messages_summarised: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    body: dict[str, Any]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LLMCallRecord:
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    attempts: int
+
+
+def content_text(content: Any) -> str:
+    """A message's content as plain text: text parts joined, images as ``[image]``."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "[image]")) for p in content)
+    return str(content or "")
+
+
+_SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
+
+
+def _session(row: Any) -> SessionRow:
+    return SessionRow(row[0], row[1], bool(row[2]), row[3], row[4], row[5], row[6])
+
+
+class SessionTables(Database):
+    """Sessions (one active per key), messages, compactions and a turn's one write."""
+
+    # sessions -----------------------------------------------------------------------------
+
+    async def active_session(self, key: str) -> SessionRow:
+        """The session currently used for ``key``, created on first use."""
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? AND active = 1", (key,))
+        if row:
+            return _session(row)
+        async with self.transaction() as db:
+            now = iso()
+            await db.execute(
+                "INSERT OR IGNORE INTO sessions (key, active, created_at, updated_at) "
+                "VALUES (?, 1, ?, ?)", (key, now, now))
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? AND active = 1", (key,))
+        assert row is not None
+        return _session(row)
+
+    async def new_session(self, key: str) -> SessionRow:
+        """Start a fresh session for ``key``; the old one stays in the database, inactive."""
+        async with self.transaction() as db:
+            now = iso()
+            await db.execute("UPDATE sessions SET active = 0, updated_at = ? "
+                             "WHERE key = ? AND active = 1", (now, key))
+            await db.execute("INSERT INTO sessions (key, active, created_at, updated_at) "
+                             "VALUES (?, 1, ?, ?)", (key, now, now))
+        return await self.active_session(key)
+
+    async def session(self, session_id: int) -> SessionRow | None:
+        row = await self._fetchone(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?",
+                                   (session_id,))
+        return _session(row) if row else None
+
+    async def list_sessions(self, *, include_inactive: bool = False,
+                            limit: int = 100) -> list[SessionRow]:
+        where = "" if include_inactive else "WHERE active = 1"
+        rows = await self._fetchall(
+            f"SELECT {_SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, id DESC "
+            "LIMIT ?", (limit,))
+        return [_session(r) for r in rows]
+
+    async def find_session(self, ref: str) -> SessionRow | None:
+        """A session by numeric id, or the active session of a key."""
+        if ref.isdigit():
+            return await self.session(int(ref))
+        row = await self._fetchone(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE key = ? ORDER BY active DESC, id DESC "
+            "LIMIT 1", (ref,))
+        return _session(row) if row else None
+
+    # messages -----------------------------------------------------------------------------
+
+    async def recent_messages(self, session_id: int, limit: int,
+                              from_id: int = 0) -> list[StoredMessage]:
+        """The newest ``limit`` messages of a session with ids from ``from_id``, oldest
+        first. Reads only those rows (the index is on (session_id, id))."""
+        rows = await self._fetchall(
+            "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+            "AND id >= ? ORDER BY id DESC LIMIT ?", (session_id, from_id, limit))
+        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in reversed(rows)]
+
+    async def messages_between(self, session_id: int, first_id: int,
+                               last_id: int) -> list[StoredMessage]:
+        rows = await self._fetchall(
+            "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+            "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
+        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    # compactions --------------------------------------------------------------------------
+
+    _COMPACTION_COLS = ("id, summary, summary_tokens, first_kept_id, tokens_before, "
+                        "messages_summarised")
+
+    async def compaction(self, session_id: int, compaction_id: int | None = None
+                         ) -> Compaction | None:
+        """The latest compaction of a session (or the one with ``compaction_id``)."""
+        if compaction_id is not None:
+            row = await self._fetchone(
+                f"SELECT {self._COMPACTION_COLS} FROM compactions WHERE id = ? "
+                "AND session_id = ?", (compaction_id, session_id))
+        else:
+            row = await self._fetchone(
+                f"SELECT {self._COMPACTION_COLS} FROM compactions WHERE session_id = ? "
+                "ORDER BY id DESC LIMIT 1", (session_id,))
+        return Compaction(*row) if row else None
+
+    async def add_compaction(self, session_id: int, *, summary: str, summary_tokens: int,
+                             first_kept_id: int, tokens_before: int,
+                             messages_summarised: int) -> Compaction:
+        async with self.transaction() as db:
+            cursor = await db.execute(
+                "INSERT INTO compactions (session_id, summary, summary_tokens, first_kept_id, "
+                "tokens_before, messages_summarised, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session_id, summary, summary_tokens, first_kept_id, tokens_before,
+                 messages_summarised, iso()))
+            new_id = cursor.lastrowid
+        assert new_id is not None
+        return Compaction(new_id, summary, summary_tokens, first_kept_id, tokens_before,
+                          messages_summarised)
+
+    async def all_messages(self, session_id: int) -> AsyncIterator[StoredMessage]:
+        async with self._db.execute(
+                "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
+                "ORDER BY id", (session_id,)) as cursor:
+            async for r in cursor:
+                yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
+
+    async def save_turn(self, *, session_id: int, turn_id: str, inbound_id: str | None,
+                        messages: list[NewMessage], status: str = "done",
+                        error: str | None = None, calls: list[LLMCallRecord] | None = None,
+                        snapshot: dict[str, Any] | None = None,
+                        started_at: datetime | None = None,
+                        done: list[InboundMessage] | None = None,
+                        outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+        """Everything one turn writes, in one transaction: its messages, the inbound messages
+        it answered (marked done), and its replies (into the outbox, to be delivered)."""
+        now = iso()
+        done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
+        outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
+        message_rows = [(session_id, turn_id, m.body["role"], dump_json(m.body), m.tokens, now)
+                        for m in messages]
+        call_rows = [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
+                      c.attempts, now) for c in calls or ()]
+        total = snapshot.get("total_tokens") if snapshot else None
+        snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
+                        json.dumps(snapshot, ensure_ascii=False)) if snapshot is not None else None
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(MARK_DONE, done_rows)
+            db.executemany(INSERT_OUTBOX, outbox_rows)
+            db.executemany(
+                "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)", message_rows)
+            db.execute(
+                "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
+                "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
+            db.executemany(
+                "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
+                "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", call_rows)
+            if snapshot_row is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
+                    "context_hash, total_tokens, detail) VALUES (?, ?, ?, ?, ?, ?)", snapshot_row)
+            db.execute(
+                "UPDATE sessions SET message_count = message_count + ?, updated_at = ?, "
+                "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
+                (len(messages), now, total, session_id))
+
+        await self._write(write)
+

@@ -1,0 +1,197 @@
+"""ContextBuilder's history: whole turns kept in order, trimming within the budget (oldest
+turns first, old tool results shortened, the current message always kept) and a deterministic
+snapshot.
+
+Split from ``test_context.py`` (system prompt, runtime block, media), whose builders and
+inbound messages these tests share.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.budget import TokenCounter
+from agent.context import RUNTIME_TAG, ContextBuilder
+from gateway.kernel.store import StoredMessage
+from tests.agent.test_context import HINTS, inbound, make_builder, write_workspace
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter("openai/test-model")
+
+
+def stored(counter: TokenCounter, bodies: list[dict[str, Any]]) -> list[StoredMessage]:
+    return [StoredMessage(i, f"turn{i}", b["role"], b, counter.count_message(b))
+            for i, b in enumerate(bodies, 1)]
+
+
+def tool_turn(n: int, result: str = "a.txt\nb.txt") -> list[dict[str, Any]]:
+    call = f"call_{n}"
+    return [
+        {"role": "user", "content": f"turn {n}: list the files"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": call, "type": "function",
+            "function": {"name": "list_dir", "arguments": "{\"path\": \".\"}"}}]},
+        {"role": "tool", "tool_call_id": call, "name": "list_dir", "content": result},
+        {"role": "assistant", "content": f"turn {n}: here they are"},
+    ]
+
+
+def chat_turn(n: int, words: int = 5) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"turn {n}: " + "question " * words},
+            {"role": "assistant", "content": f"turn {n}: " + "answer " * words}]
+
+
+def history_part(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages between the system prompt and the runtime block."""
+    assert messages[0]["role"] == "system"
+    assert messages[-2]["content"].startswith(RUNTIME_TAG)
+    return messages[1:-2]
+
+
+def assert_whole_turns(kept: list[dict[str, Any]]) -> None:
+    """Starts at a user message; every tool call has its result and every result its call."""
+    if not kept:
+        return
+    assert kept[0]["role"] == "user"
+    calls = {c["id"] for m in kept for c in m.get("tool_calls") or ()}
+    results = {m["tool_call_id"] for m in kept if m["role"] == "tool"}
+    assert calls == results
+
+
+# history and budget -------------------------------------------------------------------------
+
+def test_history_keeps_whole_turns_in_order(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    bodies = tool_turn(1) + chat_turn(2)
+    built = builder.build(inbound=inbound(), history=stored(counter, bodies), hints=HINTS)
+    assert history_part(built.messages) == bodies
+    assert built.snapshot["trimmed"] == []
+    assert built.snapshot["sources"]["history_kept"] == len(bodies)
+
+
+def test_history_never_starts_with_an_orphan(tmp_path: Path, counter: TokenCounter) -> None:
+    """A window cut by max_recent_messages may start inside a turn: that part is dropped."""
+    builder = make_builder(tmp_path, counter)
+    bodies = tool_turn(1)[2:] + chat_turn(2)  # starts with a tool result, then an assistant
+    built = builder.build(inbound=inbound(), history=stored(counter, bodies), hints=HINTS)
+    kept = history_part(built.messages)
+    assert kept == chat_turn(2)
+    assert built.snapshot["trimmed"] == [
+        "dropped 2 message(s) of a turn cut by max_recent_messages"]
+
+    only_assistant = stored(counter, [{"role": "assistant", "content": "dangling"}])
+    built = builder.build(inbound=inbound(), history=only_assistant, hints=HINTS)
+    assert history_part(built.messages) == []
+
+
+def _base_tokens(tmp_path: Path, counter: TokenCounter, **context: Any) -> int:
+    builder = make_builder(tmp_path, counter, **context)
+    return builder.build(inbound=inbound(), history=[], hints=HINTS).snapshot["total_tokens"]
+
+
+def test_over_budget_drops_oldest_whole_turns(tmp_path: Path, counter: TokenCounter) -> None:
+    history = stored(counter, chat_turn(1, 40) + tool_turn(2) + chat_turn(3, 40))
+    turn2 = sum(m.tokens for m in history[2:6])
+    turn3 = sum(m.tokens for m in history[6:])
+    tail_of_turn2 = sum(m.tokens for m in history[4:6])  # the tool result and final answer
+    base = _base_tokens(tmp_path, counter)
+    # room for turn 3 and the end of turn 2, but not for all of turn 2
+    limit = base + turn3 + tail_of_turn2 + 1
+    assert limit < base + turn3 + turn2
+    builder = make_builder(tmp_path, counter, max_context_tokens=limit)
+    built = builder.build(inbound=inbound(), history=history, hints=HINTS)
+    kept = history_part(built.messages)
+    assert kept == chat_turn(3, 40)
+    assert_whole_turns(kept)
+    assert built.snapshot["trimmed"] == [
+        f"dropped the 2 oldest turn(s) of history to fit {limit} tokens"]
+    assert built.snapshot["total_tokens"] <= limit
+    assert built.snapshot["layers"]["history"] == turn3
+
+    roomy = make_builder(tmp_path, counter, max_context_tokens=base + turn2 + turn3)
+    kept = history_part(roomy.build(inbound=inbound(), history=history, hints=HINTS).messages)
+    assert kept == tool_turn(2) + chat_turn(3, 40)
+    assert_whole_turns(kept)
+
+
+def test_budget_counts_reply_reserve_and_tools(tmp_path: Path, counter: TokenCounter) -> None:
+    history = stored(counter, chat_turn(1, 40))
+    base = _base_tokens(tmp_path, counter)
+    need = sum(m.tokens for m in history)
+    fits = make_builder(tmp_path, counter, max_context_tokens=base + need + 100)
+    assert len(history_part(fits.build(inbound=inbound(), history=history,
+                                       hints=HINTS).messages)) == 2
+    reserved = make_builder(tmp_path, counter, max_context_tokens=base + need + 100,
+                            reply_reserve_tokens=101)
+    assert history_part(reserved.build(inbound=inbound(), history=history,
+                                       hints=HINTS).messages) == []
+    assert history_part(fits.build(inbound=inbound(), history=history, hints=HINTS,
+                                   tools_tokens=101).messages) == []
+
+
+def test_old_tool_results_are_shortened(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter, max_tool_snippet_tokens=50)
+    long_result = " ".join(f"line{i}" for i in range(400))
+    bodies = tool_turn(1, long_result) + tool_turn(2, "short result")
+    history = stored(counter, bodies)
+    full = counter.count_text(long_result)
+    assert full > 50
+    built = builder.build(inbound=inbound(), history=history, hints=HINTS)
+    kept = history_part(built.messages)
+    assert len(kept) == len(bodies)
+    shortened = kept[2]
+    assert shortened["tool_call_id"] == "call_1" and shortened["role"] == "tool"
+    head = counter.encoding.decode(counter.encoding.encode(long_result)[:50])
+    assert shortened["content"] == f"{head}\n[… tool result shortened from {full} tokens …]"
+    assert kept[6]["content"] == "short result"
+    assert bodies[2]["content"] == long_result  # the stored message itself is untouched
+    assert built.snapshot["trimmed"] == ["shortened 1 old tool result(s) to 50 tokens"]
+    assert built.snapshot["layers"]["history"] < sum(m.tokens for m in history)
+
+
+def test_current_message_stays_when_far_over_budget(tmp_path: Path,
+                                                    counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter, max_context_tokens=50)
+    write_workspace(builder.workspace)
+    text = "please read this long message " * 40
+    history = stored(counter, chat_turn(1) + chat_turn(2))
+    built = builder.build(inbound=inbound(text), history=history, hints=HINTS)
+    assert built.messages[-1] == {"role": "user", "content": text}
+    assert built.messages[-2]["content"].startswith(RUNTIME_TAG)
+    assert history_part(built.messages) == []
+    assert built.snapshot["total_tokens"] > 50
+    assert built.snapshot["trimmed"] == [
+        "dropped the 2 oldest turn(s) of history to fit 50 tokens",
+        "over budget even without history: the current input is kept whole"]
+
+
+# snapshot -----------------------------------------------------------------------------------
+
+def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -> None:
+    builder = make_builder(tmp_path, counter)
+    write_workspace(builder.workspace)
+    history = stored(counter, tool_turn(1) + chat_turn(2))
+
+    def build(b: ContextBuilder, hist: list[StoredMessage], **kw: Any) -> dict[str, Any]:
+        return b.build(inbound=inbound(**kw), history=hist, hints=HINTS,
+                       session_key="telegram:c42", turn_id="t1").snapshot
+
+    first = build(builder, history)
+    again = build(make_builder(tmp_path, counter), list(history))
+    # The inputs differ only in the inbound message's generated id, which the model never sees.
+    assert {**again, "inputs": None} == {**first, "inputs": None}
+    assert again["inputs"]["history_ids"] == first["inputs"]["history_ids"]
+    assert len(first["hash"]) == 64
+    assert first["session_key"] == "telegram:c42" and first["turn_id"] == "t1"
+    assert first["sources"]["history_available"] == 6
+    assert first["sources"]["history_kept"] == 6
+
+    assert build(builder, history[:2] + history[4:])["hash"] != first["hash"]
+    assert build(builder, history, received_at=datetime(2024, 7, 7, tzinfo=UTC))["hash"] \
+        != first["hash"]
