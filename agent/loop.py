@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.budget import TokenCounter
@@ -29,7 +29,7 @@ from agent.queueing import Work, fold, next_batch
 from agent.runner import Runner, RunResult, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
-from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext, TurnServices
+from agent.turn import TurnContext, TurnServices
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
 from gateway.kernel.events import (
@@ -60,13 +60,6 @@ COMPACTION_READ_LIMIT = 5000
 STEERED_PREFIX = "[New message while you were working]"
 
 
-def ctx_message(ctx: TurnContext) -> InboundMessage:
-    """A stand-in message with the turn's routing, to measure the fixed part of a context."""
-    return InboundMessage(channel=ctx.channel, chat_id=ctx.chat_id, sender_id=ctx.sender_id,
-                          text="", received_at=ctx.received_at, chat_type=ctx.chat_type,
-                          thread_id=ctx.thread_id)
-
-
 @dataclass(slots=True)
 class _Lane:
     waiting: list[Work] = field(default_factory=list)
@@ -84,7 +77,7 @@ def _nowhere(msg: InboundMessage) -> bool:
 def _deliverable(msg: InboundMessage, ctx: TurnContext, text: str) -> bool:
     """Whether a turn's final reply is sent: not when a tool already answered the chat, when
     a heartbeat has nothing to report, or when the turn has nowhere to send it."""
-    if ctx.services.state.get(ANSWERED_CURRENT_CHAT) or _nowhere(msg):
+    if ctx.notes.answered_current_chat or _nowhere(msg):
         return False
     return not (msg.kind == "heartbeat" and heartbeat_ok(text))
 
@@ -318,7 +311,7 @@ class AgentLoop:
         start = previous.first_kept_id if previous else 0
         everything = await self.store.recent_messages(session_id, COMPACTION_READ_LIMIT,
                                                       from_id=start)
-        probe = self._build(ctx_message(ctx), ctx, [], previous)
+        probe = self._build(replace(ctx.message, text="", media=()), ctx, [], previous)
         budget = max(self.context.max_context_tokens - self.config.agent.context
                      .reply_reserve_tokens - probe.snapshot["total_tokens"], 0)
         if keep_messages is None:
@@ -354,13 +347,8 @@ class AgentLoop:
     async def _turn(self, work: Work, lane: _Lane | None) -> None:
         msg = work.msg
         session = await self.store.active_session(msg.session_key)
-        ctx = TurnContext(
-            session_key=msg.session_key, session_id=session.id, channel=msg.channel,
-            chat_id=msg.chat_id, sender_id=msg.sender_id, sender_name=msg.sender_name,
-            chat_type=msg.chat_type, thread_id=msg.thread_id, message_id=msg.message_id,
-            kind=msg.kind, workspace=self.workspace, received_at=msg.received_at,
-            tools=self.config.agent.tools, services=self.services(msg),
-            deliver_to=msg.deliver_to, deliver_thread=msg.deliver_thread)
+        ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
+                          tools=self.config.agent.tools, services=self.services(msg))
         limit = self.config.agent.context.max_recent_messages
         compaction = await self.store.compaction(session.id)
         history, more = await self._history(session.id, compaction, limit)
@@ -465,10 +453,8 @@ class AgentLoop:
         """``/compact [focus]``: summarise the older part of the conversation now."""
         focus = parse_command(msg.text)[1] or None
         session = await self.store.active_session(msg.session_key)
-        ctx = TurnContext(session_key=msg.session_key, session_id=session.id,
-                          channel=msg.channel, chat_id=msg.chat_id, sender_id=msg.sender_id,
-                          workspace=self.workspace, received_at=msg.received_at,
-                          tools=self.config.agent.tools, thread_id=msg.thread_id)
+        ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
+                          tools=self.config.agent.tools)
         previous = await self.store.compaction(session.id)
         try:
             entry = await self._compact(ctx, session.id, previous,

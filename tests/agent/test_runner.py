@@ -14,6 +14,7 @@ from agent.runner import Runner, cut_result
 from agent.tools.base import ToolRegistry, tool
 from agent.turn import TurnContext
 from gateway.kernel.config import AgentConfig
+from gateway.kernel.events import InboundMessage
 from tests.fakes.openai_server import ScriptedLLM
 
 both_started = asyncio.Event()
@@ -60,8 +61,9 @@ def make(llm: ScriptedLLM, tmp_path: Path, *tools: object, iterations: int = 5) 
 
 
 def ctx(tmp_path: Path) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC))
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=tmp_path)
 
 
 async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Path) -> None:
