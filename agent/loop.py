@@ -26,7 +26,7 @@ from agent.context import BuiltContext, ContextBuilder
 from agent.errors import AgentError, ProviderContextTooLarge, ProviderError
 from agent.provider import Provider, context_window
 from agent.queueing import Work, fold, next_batch
-from agent.runner import Runner, RunResult, TurnBudget
+from agent.runner import Runner, RunResult, Transcript, TurnBudget
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext, TurnServices
@@ -340,7 +340,8 @@ class AgentLoop:
         flusher = Runner(self.provider, ToolRegistry([memory]), max_iterations=4,
                          max_result_chars=self.config.agent.tools.max_result_chars)
         try:
-            await asyncio.wait_for(flusher.run(messages, ctx), self.compaction.timeout)
+            await asyncio.wait_for(flusher.run(messages=messages, ctx=ctx),
+                                   self.compaction.timeout)
         except (TimeoutError, ProviderError) as exc:
             _log.warning("memory flush before compaction skipped: %s", exc)
 
@@ -374,12 +375,21 @@ class AgentLoop:
                                                            key=new_id()))
 
         steer = self._steer(lane, work) if lane else None
-        result = RunResult(text="")
+
+        class Hooks(Transcript):
+            async def progress(self, text: str) -> None:
+                await progress(text)
+
+            def steer(self) -> list[dict[str, Any]]:
+                return steer() if steer else []
+
+        hooks = Hooks()
+        result = hooks.so_far
         record = self._record(work, session.id, ctx, built)
         try:
             try:
-                await self.runner.run(built.messages, ctx, progress, steer, result,
-                                      self._budget(built))
+                result = await self.runner.run(messages=built.messages, ctx=ctx, hooks=hooks,
+                                               budget=self._budget(built))
             except ProviderContextTooLarge:
                 if not self.compaction.enabled:
                     raise
@@ -389,9 +399,10 @@ class AgentLoop:
                 history, _ = await self._history(session.id, compaction, limit)
                 built = self._build(msg, ctx, history, compaction)
                 record = self._record(work, session.id, ctx, built)
-                result = RunResult(text="")
-                await self.runner.run(built.messages, ctx, progress, steer, result,
-                                      self._budget(built))
+                hooks = Hooks()
+                result = hooks.so_far
+                result = await self.runner.run(messages=built.messages, ctx=ctx, hooks=hooks,
+                                               budget=self._budget(built))
         except (ProviderError, CompactionFailed) as exc:
             _log.warning("turn %s: %s: %s", ctx.turn_id, type(exc).__name__, exc)
             self._note_error(f"{type(exc).__name__}: {exc}")

@@ -22,7 +22,7 @@ import logging
 from agent.budget import TokenCounter
 from agent.errors import ProviderError
 from agent.provider import Provider
-from agent.runner import Runner, RunResult
+from agent.runner import Runner, RunResult, Transcript
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolError, ToolRegistry
 from agent.turn import TurnContext, TurnNotes, TurnServices
@@ -135,17 +135,20 @@ class SubagentManager:
                         max_iterations=self.settings.max_iterations,
                         max_result_chars=self.config.agent.tools.max_result_chars)
         started = utcnow()
-        result = RunResult(text="")
+        transcript = Transcript()  # what was done, should it time out or fail
         _log.info("subagent %s started for %s", sub_id, ctx.session_key)
         try:
             async with asyncio.timeout(self.settings.timeout):
-                await runner.run([{"role": "system", "content": system}, user], sub_ctx,
-                                 result=result)
+                result = await runner.run(
+                    messages=[{"role": "system", "content": system}, user], ctx=sub_ctx,
+                    hooks=transcript)
         except TimeoutError:
+            result = transcript.so_far
             result.stop_reason = "timeout"
             result.text = (f"The subagent stopped after {self.settings.timeout:g}s without "
                            "finishing.")
         except ProviderError as exc:
+            result = transcript.so_far
             result.stop_reason = "error"
             result.text = f"The subagent could not reach the model: {exc.user_message}"
         self.finished += 1

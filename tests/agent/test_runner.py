@@ -72,7 +72,7 @@ async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Pa
     llm.tool_calls([("wait_for_other", {"name": "a"}), ("wait_for_other", {"name": "b"})])
     llm.reply("both finished")
     result = await make(llm, tmp_path, wait_for_other).run(
-        [{"role": "user", "content": "go"}], ctx(tmp_path))
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path))
     assert result.text == "both finished"
     tools = [m for m in result.new_messages if m["role"] == "tool"]
     assert [m["content"] for m in tools] == ["a done", "b done"]
@@ -81,8 +81,8 @@ async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Pa
 
 async def test_long_results_are_cut_with_a_marker(llm: ScriptedLLM, tmp_path: Path) -> None:
     llm.tool_call("big", {}).reply("ok")
-    result = await make(llm, tmp_path, big).run([{"role": "user", "content": "go"}],
-                                                ctx(tmp_path))
+    result = await make(llm, tmp_path, big).run(messages=[{"role": "user", "content": "go"}],
+                                                ctx=ctx(tmp_path))
     content = result.new_messages[1]["content"]
     assert len(content) < 1200 and "characters of this tool result cut" in content
 
@@ -91,7 +91,7 @@ async def test_max_iterations(llm: ScriptedLLM, tmp_path: Path) -> None:
     for i in range(3):
         llm.tool_call("big", {"n": i})  # bad args each time: still a step
     result = await make(llm, tmp_path, big, iterations=3).run(
-        [{"role": "user", "content": "go"}], ctx(tmp_path))
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path))
     assert result.stop_reason == "max_iterations"
     assert "after 3 tool steps" in result.text
     llm.assert_all_used()
