@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.provider import Provider
-from agent.runner import Runner, cut_result
+from agent.runner import Runner, Transcript, cut_result
 from agent.tools.base import ToolRegistry, tool
 from agent.turn import TurnContext
 from gateway.kernel.config import AgentConfig
@@ -39,6 +39,17 @@ async def wait_for_other(ctx: TurnContext, name: str) -> str:
 async def big(ctx: TurnContext) -> str:
     """A huge result."""
     return "x" * 50_000
+
+
+hang_started = asyncio.Event()
+
+
+@tool
+async def hang(ctx: TurnContext) -> str:
+    """Never returns."""
+    hang_started.set()
+    await asyncio.Event().wait()
+    return ""
 
 
 _providers: list[Provider] = []
@@ -95,6 +106,23 @@ async def test_max_iterations(llm: ScriptedLLM, tmp_path: Path) -> None:
     assert result.stop_reason == "max_iterations"
     assert "after 3 tool steps" in result.text
     llm.assert_all_used()
+
+
+async def test_a_cancelled_run_leaves_its_complete_rounds_to_the_hooks(
+        llm: ScriptedLLM, tmp_path: Path) -> None:
+    hang_started.clear()
+    llm.tool_call("big", {}).tool_call("hang", {})
+    transcript = Transcript()
+    run = asyncio.create_task(make(llm, tmp_path, big, hang).run(
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path), hooks=transcript))
+    await asyncio.wait_for(hang_started.wait(), 5)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert len(transcript.so_far.responses) == 2  # both model calls are counted
+    kept = transcript.so_far.complete_messages()  # the round without its result is not
+    assert [m["role"] for m in kept] == ["assistant", "tool"]
+    assert kept[0]["tool_calls"][0]["function"]["name"] == "big"
 
 
 def test_cut_result_keeps_head_and_tail() -> None:
