@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,6 @@ _log = logging.getLogger(__name__)
 REPEAT_WARN = 3
 """The third identical call gets a warning instead of a result; the fifth ends the loop."""
 REPEAT_STOP = 5
-
-Progress = Callable[[str], Awaitable[None]]
-Steer = Callable[[], list[dict[str, Any]]]
-"""Returns user messages that arrived during the turn, to hand to the model at a tool step."""
-
 
 @dataclass(slots=True)
 class TurnBudget:
@@ -104,6 +99,41 @@ def _signature(call: ToolCall) -> str:
     return f"{call.name}:{args}"
 
 
+class RunHooks:
+    """What the caller of ``Runner.run`` sees while the loop goes, and may add to it. Every
+    hook does nothing by default; override the ones you need."""
+
+    def on_response(self, response: LLMResponse) -> None:
+        """The model answered (each call, before its message joins the conversation)."""
+
+    def on_message(self, message: dict[str, Any]) -> None:
+        """A message joined the conversation: the model's, a tool result, a steered one."""
+
+    async def progress(self, text: str) -> None:
+        """Tools are about to run (``running web_fetch, exec``)."""
+
+    def steer(self) -> list[dict[str, Any]]:
+        """User messages that arrived meanwhile, handed to the model after a tool round."""
+        return []
+
+
+class Transcript(RunHooks):
+    """Hooks that keep what the run did so far: when a run is cancelled, times out or fails,
+    its caller still has the model calls and the messages (``so_far.complete_messages()``)."""
+
+    def __init__(self) -> None:
+        self.so_far = RunResult(text="")
+
+    def on_response(self, response: LLMResponse) -> None:
+        self.so_far.responses.append(response)
+
+    def on_message(self, message: dict[str, Any]) -> None:
+        self.so_far.new_messages.append(message)
+
+
+NO_HOOKS = RunHooks()
+
+
 class Runner:
     def __init__(self, provider: Provider, registry: ToolRegistry, *, max_iterations: int,
                  max_result_chars: int) -> None:
@@ -112,14 +142,18 @@ class Runner:
         self.max_iterations = max_iterations
         self.max_result_chars = max_result_chars
 
-    async def run(self, messages: list[dict[str, Any]], ctx: TurnContext,
-                  progress: Progress | None = None, steer: Steer | None = None,
-                  result: RunResult | None = None,
-                  budget: TurnBudget | None = None) -> RunResult:
-        """Run the loop; ``result`` (if given) fills in as it goes, so a cancelled turn's
-        caller still has what was done."""
-        result = result if result is not None else RunResult(text="")
+    async def run(self, *, messages: list[dict[str, Any]], ctx: TurnContext,
+                  hooks: RunHooks = NO_HOOKS, budget: TurnBudget | None = None) -> RunResult:
+        """Run the loop from ``messages`` until the model answers without tools (or a limit
+        stops it). ``budget``: shorten old tool results to stay within the window."""
+        result = RunResult(text="")
         convo = list(messages)
+
+        def add(message: dict[str, Any]) -> None:
+            convo.append(message)
+            result.new_messages.append(message)
+            hooks.on_message(message)
+
         seen: Counter[str] = Counter()
         tools = self.registry.schemas() or None
         counted = len(convo)
@@ -131,28 +165,22 @@ class Runner:
                     result.shortened += shorten_old_tool_results(convo, budget)
             response = await self.provider.complete(convo, tools)
             result.responses.append(response)
-            assistant = response.assistant_message()
-            convo.append(assistant)
-            result.new_messages.append(assistant)
+            hooks.on_response(response)
+            add(response.assistant_message())
             if not response.tool_calls:
                 result.text = (response.content or "").strip()
                 if not result.text:
                     result.text = "(The model returned an empty answer.)"
                     result.stop_reason = "empty"
                 return result
-            if progress:
-                names = ", ".join(c.name for c in response.tool_calls)
-                await progress(f"running {names}")
+            await hooks.progress(f"running {', '.join(c.name for c in response.tool_calls)}")
             outputs = await asyncio.gather(
                 *(self._run_one(call, ctx, seen) for call in response.tool_calls))
             for call, output in zip(response.tool_calls, outputs, strict=True):
-                tool_msg = {"role": "tool", "tool_call_id": call.id, "name": call.name,
-                            "content": output.text}
-                convo.append(tool_msg)
-                result.new_messages.append(tool_msg)
-            for user_msg in steer() if steer else ():
-                convo.append(user_msg)
-                result.new_messages.append(user_msg)
+                add({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                     "content": output.text})
+            for user_msg in hooks.steer():
+                add(user_msg)
             if max(seen.values(), default=0) >= REPEAT_STOP:
                 result.stop_reason = "repeated_calls"
                 result.text = ("I stopped because I kept repeating the same tool call with the "

@@ -22,10 +22,10 @@ import logging
 from agent.budget import TokenCounter
 from agent.errors import ProviderError
 from agent.provider import Provider
-from agent.runner import Runner, RunResult
+from agent.runner import Runner, RunResult, Transcript
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolError, ToolRegistry
-from agent.turn import TurnContext, TurnServices
+from agent.turn import TurnContext, TurnNotes, TurnServices
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, new_id, utcnow
@@ -107,10 +107,11 @@ class SubagentManager:
             return
         # Routed by the turn context, never by the model: back into the parent's session,
         # answered to the chat the parent turn answers (a cron turn's target, say).
+        parent = ctx.message
         msg = InboundMessage(
-            channel=ctx.channel, chat_id=ctx.chat_id, sender_id="subagent",
-            sender_name=f"subagent {sub_id}", kind="subagent", chat_type=ctx.chat_type,
-            thread_id=ctx.thread_id, session_override=ctx.session_key,
+            channel=parent.channel, chat_id=parent.chat_id, sender_id="subagent",
+            sender_name=f"subagent {sub_id}", kind="subagent", chat_type=parent.chat_type,
+            thread_id=parent.thread_id, session_override=ctx.session_key,
             deliver_to=ctx.reply_target, deliver_thread=ctx.reply_thread,
             text=f"{RESULT_TAG}\nTask: {task}\nOutcome: {result.stop_reason}\n\n{result.text}")
         try:
@@ -124,9 +125,9 @@ class SubagentManager:
         session_id = ctx.session_id
         if self.store is not None:
             session_id = (await self.store.active_session(key)).id
-        sub_ctx = dataclasses.replace(ctx, session_key=key, session_id=session_id,
-                                      kind="subagent", turn_id=new_id(),
-                                      services=TurnServices())
+        sub_ctx = dataclasses.replace(
+            ctx, message=dataclasses.replace(ctx.message, kind="subagent", session_override=key),
+            session_id=session_id, turn_id=new_id(), services=TurnServices(), notes=TurnNotes())
         system = SYSTEM_PROMPT.format(workspace=ctx.workspace,
                                       now=ctx.received_at.strftime("%Y-%m-%d %H:%M %Z (%A)"))
         user = {"role": "user", "content": task}
@@ -134,17 +135,20 @@ class SubagentManager:
                         max_iterations=self.settings.max_iterations,
                         max_result_chars=self.config.agent.tools.max_result_chars)
         started = utcnow()
-        result = RunResult(text="")
+        transcript = Transcript()  # what was done, should it time out or fail
         _log.info("subagent %s started for %s", sub_id, ctx.session_key)
         try:
             async with asyncio.timeout(self.settings.timeout):
-                await runner.run([{"role": "system", "content": system}, user], sub_ctx,
-                                 result=result)
+                result = await runner.run(
+                    messages=[{"role": "system", "content": system}, user], ctx=sub_ctx,
+                    hooks=transcript)
         except TimeoutError:
+            result = transcript.so_far
             result.stop_reason = "timeout"
             result.text = (f"The subagent stopped after {self.settings.timeout:g}s without "
                            "finishing.")
         except ProviderError as exc:
+            result = transcript.so_far
             result.stop_reason = "error"
             result.text = f"The subagent could not reach the model: {exc.user_message}"
         self.finished += 1

@@ -10,19 +10,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.kernel.config import ToolsConfig
-from gateway.kernel.events import ChatType, InboundKind, new_id
+from gateway.kernel.events import InboundMessage, new_id
 
 if TYPE_CHECKING:
     from gateway.kernel.cron_jobs import CronJob, NewJob
     from gateway.kernel.events import OutboundMessage
     from gateway.kernel.values import Delivery
-
-ANSWERED_CURRENT_CHAT = "answered_current_chat"
-"""``TurnServices.state`` key: a tool already sent this turn's answer to its chat, so the loop
-stores the final reply without sending it again."""
 
 
 class Spawner(Protocol):
@@ -57,48 +53,55 @@ class TurnServices:
 
     send: Callable[[OutboundMessage], Awaitable[Delivery]] | None = None
     """Deliver a message now through the outbox and return the real delivery result."""
-    state: dict[str, Any] = field(default_factory=dict)
-    """Per-turn notes tools leave for the loop (e.g. that the current chat was answered)."""
     cron: CronService | None = None
     """Scheduled jobs; None where the gateway runs no scheduler (``parley chat``)."""
     spawn: Spawner | None = None
     """Runs a task in a subagent (``agent/subagent.py``); None where spawning is off."""
 
 
+@dataclass(slots=True)
+class TurnNotes:
+    """What a turn's tools tell the turn while it runs (one per turn, never shared)."""
+
+    answered_current_chat: bool = False
+    """The message tool already sent this turn's answer to its chat: the final reply is
+    stored but not sent again."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnContext:
-    session_key: str
+    message: InboundMessage
+    """What the turn answers; routing is derived from it, never from the model."""
     session_id: int
-    channel: str
-    chat_id: str
-    sender_id: str
     workspace: Path
-    received_at: datetime
     tools: ToolsConfig = field(default_factory=ToolsConfig)
-    sender_name: str | None = None
-    chat_type: ChatType = "direct"
-    thread_id: str | None = None
-    message_id: str | None = None
-    kind: InboundKind = "user"
-    deliver_to: tuple[str, str] | None = None
-    """A system turn's (cron, heartbeat) target chat; None for a user's own chat."""
-    deliver_thread: str | None = None
-    """The thread of ``deliver_to`` a system turn answers in (a topic the job was made in)."""
     turn_id: str = field(default_factory=new_id)
     services: TurnServices = field(default_factory=TurnServices)
+    notes: TurnNotes = field(default_factory=TurnNotes)
+
+    @property
+    def session_key(self) -> str:
+        return self.message.session_key
+
+    @property
+    def received_at(self) -> datetime:
+        """The turn's clock: when its message arrived."""
+        return self.message.received_at
 
     @property
     def reply_target(self) -> tuple[str, str] | None:
         """The chat this turn answers: the one it came from, or a system turn's target
         (None: a system turn with nowhere to deliver, e.g. ``heartbeat.target: none``)."""
-        if self.deliver_to is not None:
-            return self.deliver_to
-        if self.kind in ("cron", "heartbeat"):
+        msg = self.message
+        if msg.deliver_to is not None:
+            return msg.deliver_to
+        if msg.kind in ("cron", "heartbeat"):
             return None
-        return (self.channel, self.chat_id)
+        return (msg.channel, msg.chat_id)
 
     @property
     def reply_thread(self) -> str | None:
         """The thread of ``reply_target`` this turn answers in."""
-        return self.deliver_thread if self.deliver_to is not None else (
-            None if self.kind in ("cron", "heartbeat") else self.thread_id)
+        msg = self.message
+        return msg.deliver_thread if msg.deliver_to is not None else (
+            None if msg.kind in ("cron", "heartbeat") else msg.thread_id)

@@ -13,7 +13,7 @@ import mimetypes
 
 from agent.tools.base import ToolError, ToolRetry, tool
 from agent.tools.files import resolve_in_workspace
-from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext
+from agent.turn import TurnContext
 from gateway.kernel.events import Media, MediaKind, OutboundKind, OutboundMessage
 
 MAX_FILES = 10
@@ -67,7 +67,8 @@ async def message(ctx: TurnContext, text: str, files: list[str] | None = None,
     if send is None:
         raise ToolError("messages cannot be sent from here")
     is_current = target == current
-    kind: OutboundKind = ctx.kind if ctx.kind in ("cron", "heartbeat") else "reply"  # type: ignore[assignment]
+    turn_kind = ctx.message.kind
+    kind: OutboundKind = turn_kind if turn_kind in ("cron", "heartbeat") else "reply"  # type: ignore[assignment]
     delivery = await send(OutboundMessage(
         channel=target[0], chat_id=target[1], text=text, media=media, kind=kind,
         thread_id=ctx.reply_thread if is_current else None,
@@ -77,10 +78,9 @@ async def message(ctx: TurnContext, text: str, files: list[str] | None = None,
         raise ToolError(f"NOT delivered to {name}: {why}. Nothing was sent; tell the user or "
                         "try another way." if delivery.permanent else
                         f"NOT delivered to {name} after retrying: {why}. Nothing was sent.")
-    if is_current:
-        ctx.services.state[ANSWERED_CURRENT_CHAT] = True
     attached = f" with {len(media)} file(s)" if media else ""
     if is_current:
+        ctx.notes.answered_current_chat = True
         return (f"Delivered to the current chat{attached}. Your final reply is kept in the "
                 "conversation but not sent again, so do not repeat the message.")
     return f"Delivered to {name}{attached}."

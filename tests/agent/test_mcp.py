@@ -21,6 +21,7 @@ from agent.mcp import MCPManager, input_schema, result_text, tool_name
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, MCPConfig, parse_config
+from gateway.kernel.events import InboundMessage
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py")
 WAIT = 20.0
@@ -31,8 +32,9 @@ def stdio(name: str = "fake", **extra: Any) -> dict[str, Any]:
 
 
 def ctx(tmp_path: Path) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC))
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=tmp_path)
 
 
 @pytest.fixture

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from agent.provider import Provider
-from agent.runner import Runner, cut_result
+from agent.runner import Runner, Transcript, cut_result
 from agent.tools.base import ToolRegistry, tool
 from agent.turn import TurnContext
 from gateway.kernel.config import AgentConfig
+from gateway.kernel.events import InboundMessage
 from tests.fakes.openai_server import ScriptedLLM
 
 both_started = asyncio.Event()
@@ -40,6 +41,17 @@ async def big(ctx: TurnContext) -> str:
     return "x" * 50_000
 
 
+hang_started = asyncio.Event()
+
+
+@tool
+async def hang(ctx: TurnContext) -> str:
+    """Never returns."""
+    hang_started.set()
+    await asyncio.Event().wait()
+    return ""
+
+
 _providers: list[Provider] = []
 
 
@@ -60,8 +72,9 @@ def make(llm: ScriptedLLM, tmp_path: Path, *tools: object, iterations: int = 5) 
 
 
 def ctx(tmp_path: Path) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC))
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=tmp_path)
 
 
 async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Path) -> None:
@@ -70,7 +83,7 @@ async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Pa
     llm.tool_calls([("wait_for_other", {"name": "a"}), ("wait_for_other", {"name": "b"})])
     llm.reply("both finished")
     result = await make(llm, tmp_path, wait_for_other).run(
-        [{"role": "user", "content": "go"}], ctx(tmp_path))
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path))
     assert result.text == "both finished"
     tools = [m for m in result.new_messages if m["role"] == "tool"]
     assert [m["content"] for m in tools] == ["a done", "b done"]
@@ -79,8 +92,8 @@ async def test_independent_calls_run_concurrently(llm: ScriptedLLM, tmp_path: Pa
 
 async def test_long_results_are_cut_with_a_marker(llm: ScriptedLLM, tmp_path: Path) -> None:
     llm.tool_call("big", {}).reply("ok")
-    result = await make(llm, tmp_path, big).run([{"role": "user", "content": "go"}],
-                                                ctx(tmp_path))
+    result = await make(llm, tmp_path, big).run(messages=[{"role": "user", "content": "go"}],
+                                                ctx=ctx(tmp_path))
     content = result.new_messages[1]["content"]
     assert len(content) < 1200 and "characters of this tool result cut" in content
 
@@ -89,10 +102,27 @@ async def test_max_iterations(llm: ScriptedLLM, tmp_path: Path) -> None:
     for i in range(3):
         llm.tool_call("big", {"n": i})  # bad args each time: still a step
     result = await make(llm, tmp_path, big, iterations=3).run(
-        [{"role": "user", "content": "go"}], ctx(tmp_path))
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path))
     assert result.stop_reason == "max_iterations"
     assert "after 3 tool steps" in result.text
     llm.assert_all_used()
+
+
+async def test_a_cancelled_run_leaves_its_complete_rounds_to_the_hooks(
+        llm: ScriptedLLM, tmp_path: Path) -> None:
+    hang_started.clear()
+    llm.tool_call("big", {}).tool_call("hang", {})
+    transcript = Transcript()
+    run = asyncio.create_task(make(llm, tmp_path, big, hang).run(
+        messages=[{"role": "user", "content": "go"}], ctx=ctx(tmp_path), hooks=transcript))
+    await asyncio.wait_for(hang_started.wait(), 5)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert len(transcript.so_far.responses) == 2  # both model calls are counted
+    kept = transcript.so_far.complete_messages()  # the round without its result is not
+    assert [m["role"] for m in kept] == ["assistant", "tool"]
+    assert kept[0]["tool_calls"][0]["function"]["name"] == "big"
 
 
 def test_cut_result_keeps_head_and_tail() -> None:

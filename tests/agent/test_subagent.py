@@ -17,6 +17,7 @@ from agent.tools.base import Tool, ToolRegistry
 from agent.turn import TurnContext, TurnServices
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Store
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
@@ -27,10 +28,11 @@ def registry(config: Config) -> ToolRegistry:
 
 
 def parent_ctx(config: Config, session_id: int = 1) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=session_id, channel="local",
-                       chat_id="c1", sender_id="u1", workspace=config.workspace_path,
-                       received_at=datetime(2026, 3, 2, 9, 30, tzinfo=UTC),
-                       tools=config.agent.tools, thread_id="t7")
+    msg = InboundMessage(session_override="local:c1", channel="local", chat_id="c1",
+                         sender_id="u1", text="", thread_id="t7",
+                         received_at=datetime(2026, 3, 2, 9, 30, tzinfo=UTC))
+    return TurnContext(message=msg, session_id=session_id, workspace=config.workspace_path,
+                       tools=config.agent.tools)
 
 
 class Env:
@@ -192,13 +194,15 @@ async def test_the_spawn_tool_needs_the_service(make_config: MakeConfig) -> None
 async def test_background_results_follow_a_system_turns_target(env: Env,
                                                                 llm: ScriptedLLM) -> None:
     llm.reply("Report ready.")
-    cron_ctx = dataclasses.replace(parent_ctx(env.config), channel="cron", chat_id="job1",
-                                   session_key="cron:job1", kind="cron",
-                                   deliver_to=("telegram", "42"))
+    parent = parent_ctx(env.config)
+    cron_ctx = dataclasses.replace(parent, message=dataclasses.replace(
+        parent.message, channel="cron", chat_id="job1", session_override="cron:job1",
+        kind="cron", deliver_to=("telegram", "42")))
     await env.manager.spawn(cron_ctx, "Write the report.", background=True)
     msg = await asyncio.wait_for(env.bus.consume_inbound(), 60)
     assert msg.deliver_to == ("telegram", "42") and msg.session_key == "cron:job1"
 
-    heartbeat = dataclasses.replace(cron_ctx, kind="heartbeat", deliver_to=None)
+    heartbeat = dataclasses.replace(cron_ctx, message=dataclasses.replace(
+        cron_ctx.message, kind="heartbeat", deliver_to=None))
     with pytest.raises(Exception, match="no chat to report back to"):
         await env.manager.spawn(heartbeat, "anything", background=True)

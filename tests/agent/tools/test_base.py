@@ -9,6 +9,7 @@ import pytest
 
 from agent.tools.base import ToolRetry, tool
 from agent.turn import TurnContext
+from gateway.kernel.events import InboundMessage
 
 
 @tool
@@ -37,8 +38,9 @@ def test_optional_arguments_are_plain_types_in_the_schema() -> None:
 
 
 async def test_null_and_unknown_arguments(tmp_path: Path) -> None:
-    ctx = TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                      sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC))
+    ctx = TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                             text="", received_at=datetime.now(UTC)),
+                      session_id=1, workspace=tmp_path)
     assert await lookup(ctx, {"query": "q", "limit": None}) == "q|None|None|False"
     assert await lookup(ctx, {"query": "q", "limit": 3, "tags": ["a"]}) == "q|3|['a']|False"
     with pytest.raises(ToolRetry, match="nope"):

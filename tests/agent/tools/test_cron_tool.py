@@ -14,6 +14,7 @@ from agent.tools import build_registry
 from agent.turn import TurnContext, TurnServices
 from gateway.kernel.config import ToolsConfig
 from gateway.kernel.cron_jobs import CronJobs
+from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Store
 from tests.fakes.clock import FakeClock
 
@@ -30,10 +31,10 @@ async def jobs(tmp_path: Path) -> AsyncIterator[CronJobs]:
 
 
 def ctx(ws: Path, jobs: CronJobs | None, **kw: Any) -> TurnContext:
-    base: dict[str, Any] = {"session_key": "local:c1", "session_id": 1, "channel": "local",
+    base: dict[str, Any] = {"session_override": "local:c1", "channel": "local",
                             "chat_id": "c1", "sender_id": "u1"}
-    return TurnContext(**{**base, **kw}, workspace=ws, received_at=NOW,
-                       services=TurnServices(cron=jobs))
+    msg = InboundMessage(**{**base, **kw}, text="", received_at=NOW)
+    return TurnContext(message=msg, session_id=1, workspace=ws, services=TurnServices(cron=jobs))
 
 
 async def call(c: TurnContext, **args: Any) -> tuple[str, bool]:
@@ -57,7 +58,8 @@ async def test_add_list_remove_in_this_chat(tmp_path: Path, jobs: CronJobs) -> N
 
 
 async def test_the_model_cannot_reach_another_chat(tmp_path: Path, jobs: CronJobs) -> None:
-    mine, other = ctx(tmp_path, jobs), ctx(tmp_path, jobs, chat_id="c2", session_key="local:c2")
+    mine = ctx(tmp_path, jobs)
+    other = ctx(tmp_path, jobs, chat_id="c2", session_override="local:c2")
     await call(mine, action="add", message="mine", every="1h")
     # the tool has no target arguments: what the model adds is refused or ignored
     await call(mine, action="add", message="x", every="1h", channel="telegram", chat_id="999")
@@ -72,7 +74,7 @@ async def test_the_model_cannot_reach_another_chat(tmp_path: Path, jobs: CronJob
 
 async def test_a_task_turn_schedules_for_its_target_chat(tmp_path: Path,
                                                          jobs: CronJobs) -> None:
-    c = ctx(tmp_path, jobs, channel="cron", chat_id="abc", session_key="cron:abc", kind="cron",
+    c = ctx(tmp_path, jobs, channel="cron", chat_id="abc", session_override="cron:abc", kind="cron",
             deliver_to=("telegram", "42"))
     text, err = await call(c, action="add", message="again tomorrow", at="1d", kind="task")
     assert not err, text

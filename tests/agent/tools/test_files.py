@@ -14,13 +14,15 @@ from agent.tools.files import FILE_TOOLS, resolve_in_workspace
 from agent.tools.shell import SHELL_TOOLS
 from agent.turn import TurnContext
 from gateway.kernel.config import FileToolsConfig, ToolsConfig
+from gateway.kernel.events import InboundMessage
 
 REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
 
 
 def make_ctx(workspace: Path, **files: Any) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=workspace, received_at=datetime.now(UTC),
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=workspace,
                        tools=ToolsConfig(files=FileToolsConfig(**files)))
 
 

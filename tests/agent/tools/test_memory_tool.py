@@ -13,6 +13,7 @@ from agent.tools import build_registry
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.config import MemoryConfig, ToolsConfig
+from gateway.kernel.events import InboundMessage
 from workspace.memory import memory_store_for
 
 NO_OTHER_TOOLS = ToolsConfig.model_validate(
@@ -25,8 +26,9 @@ def registry(**config: Any) -> ToolRegistry:
 
 
 def make_ctx(workspace: Path) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=workspace, received_at=RECEIVED)
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=RECEIVED),
+                       session_id=1, workspace=workspace)
 
 
 async def call(reg: ToolRegistry, ws: Path, **args: Any) -> tuple[str, bool]:

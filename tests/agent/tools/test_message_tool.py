@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.tools import build_registry
-from agent.turn import ANSWERED_CURRENT_CHAT, TurnContext, TurnServices
+from agent.turn import TurnContext, TurnServices
 from gateway.kernel.config import ToolsConfig
-from gateway.kernel.events import OutboundMessage
+from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.values import Delivery
 
 RECEIVED = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
@@ -30,9 +30,10 @@ class Sender:
 def ctx(ws: Path, sender: Sender, *, allowed: list[str] | None = None,
         **kw: Any) -> TurnContext:
     tools = ToolsConfig.model_validate({"message": {"allowed_targets": allowed or []}})
-    base: dict[str, Any] = {"session_key": "local:c1", "session_id": 1, "channel": "local",
+    base: dict[str, Any] = {"session_override": "local:c1", "channel": "local",
                             "chat_id": "c1", "sender_id": "u1", "thread_id": "t9"}
-    return TurnContext(**{**base, **kw}, workspace=ws, received_at=RECEIVED, tools=tools,
+    msg = InboundMessage(**{**base, **kw}, text="", received_at=RECEIVED)
+    return TurnContext(message=msg, session_id=1, workspace=ws, tools=tools,
                        services=TurnServices(send=sender))
 
 
@@ -49,7 +50,7 @@ async def test_sends_to_the_current_chat_and_marks_it_answered(tmp_path: Path) -
     [msg] = sender.sent
     assert (msg.channel, msg.chat_id, msg.text, msg.kind, msg.thread_id) == (
         "local", "c1", "Here you go", "reply", "t9")
-    assert c.services.state[ANSWERED_CURRENT_CHAT] is True
+    assert c.notes.answered_current_chat is True
 
 
 async def test_attaches_workspace_files_and_refuses_others(tmp_path: Path) -> None:
@@ -78,7 +79,7 @@ async def test_another_chat_only_when_allowed(tmp_path: Path) -> None:
     assert not err and text == "Delivered to telegram:42."
     [msg] = sender.sent
     assert (msg.channel, msg.chat_id, msg.thread_id) == ("telegram", "42", None)
-    assert ANSWERED_CURRENT_CHAT not in c.services.state  # the user's chat still gets a reply
+    assert not c.notes.answered_current_chat  # the user's chat still gets a reply
 
 
 async def test_reports_a_failed_delivery(tmp_path: Path) -> None:
@@ -88,18 +89,18 @@ async def test_reports_a_failed_delivery(tmp_path: Path) -> None:
     text, err = await call(c, text="hello")
     assert err
     assert "NOT delivered to local:c1" in text and "bot was blocked" in text
-    assert ANSWERED_CURRENT_CHAT not in c.services.state
+    assert not c.notes.answered_current_chat
 
 
 async def test_a_scheduled_turn_messages_its_target(tmp_path: Path) -> None:
     sender = Sender()
-    c = ctx(tmp_path, sender, channel="cron", chat_id="job1", session_key="cron:job1",
+    c = ctx(tmp_path, sender, channel="cron", chat_id="job1", session_override="cron:job1",
             kind="cron", deliver_to=("telegram", "42"), thread_id=None)
     text, err = await call(c, text="Daily digest")
     assert not err
     [msg] = sender.sent
     assert (msg.channel, msg.chat_id, msg.kind) == ("telegram", "42", "cron")
-    assert c.services.state[ANSWERED_CURRENT_CHAT] is True
+    assert c.notes.answered_current_chat is True
     nowhere = ctx(tmp_path, sender, channel="heartbeat", chat_id="main", kind="heartbeat")
     text, err = await call(nowhere, text="x")
     assert err and "no chat of its own" in text

@@ -18,13 +18,15 @@ from agent.tools.files import FILE_TOOLS
 from agent.tools.shell import SHELL_TOOLS, cap_pieces, check_command, child_env
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, ExecToolConfig, ToolsConfig, parse_config
+from gateway.kernel.events import InboundMessage
 
 REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
 
 
 def make_ctx(workspace: Path, **exec_config: Any) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=workspace, received_at=datetime.now(UTC),
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=workspace,
                        tools=ToolsConfig(exec=ExecToolConfig(**exec_config)))
 
 

@@ -21,6 +21,7 @@ from agent.tools.web import WEB_FETCH_TOOLS, WEB_SEARCH_TOOLS
 from agent.tools.web_guard import AllowList, BlockedAddress, GuardedResolver, blocked_reason
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, ToolsConfig, WebToolsConfig, parse_config
+from gateway.kernel.events import InboundMessage
 
 REGISTRY = ToolRegistry(WEB_FETCH_TOOLS + WEB_SEARCH_TOOLS)
 
@@ -113,8 +114,9 @@ async def site() -> AsyncIterator[Site]:
 
 
 def make_ctx(tmp_path: Path, **web_config: Any) -> TurnContext:
-    return TurnContext(session_key="local:c1", session_id=1, channel="local", chat_id="c1",
-                       sender_id="u1", workspace=tmp_path, received_at=datetime.now(UTC),
+    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              text="", received_at=datetime.now(UTC)),
+                       session_id=1, workspace=tmp_path,
                        tools=ToolsConfig(web=WebToolsConfig(**web_config)))
 
 

@@ -1,0 +1,80 @@
+"""What a turn sends the model, assembled from what is stored.
+
+The history since the session's last compaction (at most ``max_recent_messages``), built by
+the ContextBuilder with the hints of the chat the answer goes to and the size of the tool
+list, which is counted again only when the tools change (an MCP server's come and go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agent.budget import TokenCounter
+from agent.context import BuiltContext, ContextBuilder
+from agent.provider import Provider, context_window
+from agent.runner import TurnBudget
+from agent.tools.base import ToolRegistry
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store import Compaction, Store, StoredMessage
+from gateway.kernel.values import ChannelHints
+
+
+class ContextAssembly:
+    def __init__(self, *, config: Config, store: Store, provider: Provider,
+                 registry: ToolRegistry, counter: TokenCounter,
+                 hints: Callable[[str], ChannelHints]) -> None:
+        self.config = config
+        self.store = store
+        self.provider = provider
+        self.registry = registry
+        self.counter = counter
+        self.hints = hints
+        self._builder: ContextBuilder | None = None
+        self._tools_tokens: tuple[list[dict[str, Any]], int] | None = None
+
+    @property
+    def builder(self) -> ContextBuilder:
+        """Built on first use: asking litellm for the model's window imports litellm."""
+        if self._builder is None:
+            window = None
+            if self.config.agent.context.max_context_tokens is None:
+                window = context_window(self.config.agent.model,
+                                        ask_litellm=self.provider.needs_litellm)
+            self._builder = ContextBuilder(self.config, self.counter, window=window)
+        return self._builder
+
+    @property
+    def room(self) -> int:
+        """Tokens a request may take: the window less what is kept for the reply."""
+        return (self.builder.max_context_tokens
+                - self.config.agent.context.reply_reserve_tokens)
+
+    async def history(self, session_id: int,
+                      compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
+        """Messages since the last compaction, at most ``max_recent_messages``; and whether
+        there were more (then the session is due for compaction)."""
+        limit = self.config.agent.context.max_recent_messages
+        start = compaction.first_kept_id if compaction else 0
+        history = await self.store.recent_messages(session_id, limit + 1, from_id=start)
+        return (history[1:], True) if len(history) > limit else (history, False)
+
+    def build(self, msg: InboundMessage, history: list[StoredMessage],
+              compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
+        return self.builder.build(
+            inbound=msg, history=history,
+            hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
+            tools_tokens=self._schema_tokens(), session_key=msg.session_key,
+            turn_id=turn_id, compaction=compaction)
+
+    def budget(self, built: BuiltContext) -> TurnBudget:
+        """What the tool loop may add to ``built`` before old tool results are shortened."""
+        return TurnBudget(limit=self.room, used=built.snapshot["total_tokens"],
+                          count=self.counter.count_message)
+
+    def _schema_tokens(self) -> int:
+        schemas = self.registry.schemas()  # a new list only when tools come or go (MCP)
+        if self._tools_tokens is None or self._tools_tokens[0] is not schemas:
+            self._tools_tokens = (schemas, self.counter.count_tools(schemas))
+        return self._tools_tokens[1]

@@ -1,0 +1,122 @@
+"""When a session is compacted (``agent/compaction.py`` does the summarising).
+
+Three moments: before a turn whose history no longer fits (the newest turns within
+``keep_recent_share`` of the room stay word for word), after the server refused a request as
+too large (a quarter of that, and only the last exchange), and on ``/compact [focus]``.
+Before summarising, the agent may save lasting facts with the memory tool
+(``compaction.memory_flush``): a silent turn of its own that stores and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import Any
+
+from agent.assembly import ContextAssembly
+from agent.commands import parse_command
+from agent.compaction import FLUSH_PROMPT, CompactionFailed, Compactor, split_history
+from agent.errors import ProviderError
+from agent.provider import Provider
+from agent.runner import Runner
+from agent.tools.base import ToolRegistry
+from agent.turn import TurnContext
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store import Compaction, Store, StoredMessage
+
+_log = logging.getLogger(__name__)
+
+MANUAL_KEEP = 2
+"""/compact and a context overflow keep only the last exchange word for word."""
+COMPACTION_READ_LIMIT = 5000
+"""Most messages read to choose what to summarise (only when compacting)."""
+
+
+class SessionCompaction:
+    def __init__(self, *, config: Config, store: Store, provider: Provider,
+                 registry: ToolRegistry, assembly: ContextAssembly,
+                 compactor: Compactor) -> None:
+        self.config = config
+        self.settings = config.agent.context.compaction
+        self.store = store
+        self.provider = provider
+        self.registry = registry
+        self.assembly = assembly
+        self.compactor = compactor
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    async def before_turn(self, ctx: TurnContext, previous: Compaction | None) -> Compaction:
+        """The history no longer fits: summarise what the newest turns leave over."""
+        return await self.compact(ctx, previous, keep_share=self.settings.keep_recent_share)
+
+    async def after_overflow(self, ctx: TurnContext,
+                             previous: Compaction | None) -> Compaction:
+        """The server refused the request as too large: its window is smaller than we
+        thought, so keep much less."""
+        return await self.compact(ctx, previous, keep_share=self.settings.keep_recent_share / 4,
+                                  keep_messages=MANUAL_KEEP)
+
+    async def command(self, msg: InboundMessage) -> str:
+        """``/compact [focus]``: summarise the older part of the conversation now; returns
+        what to tell the chat."""
+        focus = parse_command(msg.text)[1] or None
+        session = await self.store.active_session(msg.session_key)
+        ctx = TurnContext(message=msg, session_id=session.id,
+                          workspace=self.config.workspace_path, tools=self.config.agent.tools)
+        previous = await self.store.compaction(session.id)
+        try:
+            entry = await self.compact(ctx, previous, keep_share=self.settings.keep_recent_share,
+                                       keep_messages=MANUAL_KEEP, focus=focus)
+        except CompactionFailed as exc:
+            return f"Nothing was compacted: {exc}."
+        return (f"Compacted {entry.messages_summarised} earlier message(s) "
+                f"({entry.tokens_before:,} tokens) into a {entry.summary_tokens:,}-token "
+                "summary. The full history stays saved.")
+
+    async def compact(self, ctx: TurnContext, previous: Compaction | None, *,
+                      keep_share: float, keep_messages: int | None = None,
+                      focus: str | None = None) -> Compaction:
+        """Summarise the oldest part of the session; raises CompactionFailed."""
+        start = previous.first_kept_id if previous else 0
+        everything = await self.store.recent_messages(ctx.session_id, COMPACTION_READ_LIMIT,
+                                                      from_id=start)
+        # What every request of this chat carries besides the history: the message's own
+        # text does not count, it is not sent again.
+        probe = self.assembly.build(replace(ctx.message, text="", media=()), [], previous,
+                                    turn_id=ctx.turn_id)
+        budget = max(self.assembly.room - probe.snapshot["total_tokens"], 0)
+        if keep_messages is None:
+            keep_messages = self.config.agent.context.max_recent_messages // 2
+        split = split_history(everything, keep_tokens=int(budget * keep_share),
+                              keep_messages=keep_messages)
+        if not split.old:
+            raise CompactionFailed("nothing to compact yet")
+        if self.settings.memory_flush:
+            await self._flush_memory(ctx, previous, split.old)
+        return await self.compactor.compact(ctx.session_id, split, previous, focus)
+
+    async def _flush_memory(self, ctx: TurnContext, previous: Compaction | None,
+                            old: list[StoredMessage]) -> None:
+        """A silent turn: the agent may save lasting facts before they are summarised.
+        Nothing of it is stored in the conversation or delivered."""
+        memory = self.registry.get("memory")
+        if memory is None:
+            return
+        builder = self.assembly.builder
+        messages: list[dict[str, Any]] = [{"role": "system",
+                                           "content": builder.system_prompt().text}]
+        if previous is not None:
+            messages.append(builder.summary_message(previous))
+        messages += [m.body for m in old]
+        messages.append({"role": "user", "content": FLUSH_PROMPT})
+        flusher = Runner(self.provider, ToolRegistry([memory]), max_iterations=4,
+                         max_result_chars=self.config.agent.tools.max_result_chars)
+        try:
+            await asyncio.wait_for(flusher.run(messages=messages, ctx=ctx), self.settings.timeout)
+        except (TimeoutError, ProviderError) as exc:
+            _log.warning("memory flush before compaction skipped: %s", exc)

@@ -1,0 +1,276 @@
+"""One turn, top to bottom: prepare → build the context → run the tool loop → record →
+deliver.
+
+A turn ends in one transaction: the user's message, the model's messages, the inbox entries
+it answered and its reply (into the outbox). A crash before that leaves the inbox entry
+pending, and the next start answers it; a crash after it leaves the reply in the outbox, and
+the next start sends it.
+
+When it goes wrong: a provider error is recorded with what was done and the chat hears it in
+one line; a request the server finds too large compacts the session harder and is tried once
+more; ``/stop`` cancels the turn and keeps its complete tool rounds; a shutdown cancels it
+and stores nothing, so its message stays pending and is answered after the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.assembly import ContextAssembly
+from agent.compacting import SessionCompaction
+from agent.compaction import CompactionFailed
+from agent.context import BuiltContext
+from agent.errors import ProviderContextTooLarge, ProviderError
+from agent.lanes import Lane
+from agent.queueing import Work
+from agent.replies import Replies, nowhere, outbound
+from agent.runner import Runner, RunResult, Transcript
+from agent.sessions import SessionRecorder, TurnRecord
+from agent.turn import TurnContext, TurnServices
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.config import Config
+from gateway.kernel.events import InboundMessage, new_id, utcnow
+from gateway.kernel.heartbeat_ack import heartbeat_ok
+from gateway.kernel.store import Compaction, Store
+
+_log = logging.getLogger(__name__)
+
+STEERED_PREFIX = "[New message while you were working]"
+PROMPT_CUT_MIN = 1500
+PROMPT_CUT_SHARE = 0.6
+"""A server that reports fewer prompt tokens than this share of what was sent is cutting the
+prompt (tokenizers differ by ±20 %, not by 40 %)."""
+PROMPT_CUT_EVERY = 600.0
+
+
+@dataclass(slots=True)
+class TurnStats:
+    """What the gateway's status shows of the turns."""
+
+    turns_done: int = 0
+    recent_errors: list[str] = field(default_factory=list)
+
+    def error(self, text: str) -> None:
+        self.recent_errors = [*self.recent_errors[-9:], f"{utcnow():%H:%M:%S} {text}"]
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn's state as it goes through the steps. ``built``, ``record`` and ``hooks``
+    belong to one try at the model; a retry after compacting starts them afresh."""
+
+    work: Work
+    lane: Lane | None
+    ctx: TurnContext
+    compaction: Compaction | None
+    built: BuiltContext = field(init=False)
+    record: TurnRecord = field(init=False)
+    hooks: _Hooks = field(init=False)
+
+    @property
+    def msg(self) -> InboundMessage:
+        return self.work.msg
+
+    @property
+    def stopped(self) -> bool:
+        """Cancelled by ``/stop``, not by a shutdown."""
+        return self.lane is not None and self.lane.stop_requested
+
+
+class _Hooks(Transcript):
+    """What the turn does while the tool loop runs: tells the chat which tools run, hands
+    the model messages that arrived meanwhile (``steer`` mode), keeps what was done."""
+
+    def __init__(self, flow: TurnFlow, turn: _Turn) -> None:
+        super().__init__()
+        self.flow = flow
+        self.turn = turn
+
+    async def progress(self, text: str) -> None:
+        msg = self.turn.msg
+        if not nowhere(msg):
+            await self.flow.bus.publish_outbound(
+                outbound(msg, text, "progress", self.turn.ctx.turn_id, key=new_id()))
+
+    def steer(self) -> list[dict[str, Any]]:
+        lane = self.turn.lane
+        if lane is None or self.flow.config.agent.queue_mode != "steer":
+            return []
+        out: list[dict[str, Any]] = []
+        for arrived in lane.take_arrived():
+            self.turn.work.sources.extend(arrived.sources)  # answered by this turn
+            body = self.flow.assembly.builder.stored_user_message(arrived.msg)
+            out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
+        return out
+
+
+def _deliverable(turn: _Turn, text: str) -> bool:
+    """Whether a turn's final reply is sent: not when a tool already answered the chat, when
+    a heartbeat has nothing to report, or when the turn has nowhere to send it."""
+    if turn.ctx.notes.answered_current_chat or nowhere(turn.msg):
+        return False
+    return not (turn.msg.kind == "heartbeat" and heartbeat_ok(text))
+
+
+class TurnFlow:
+    def __init__(self, *, config: Config, bus: MessageBus, store: Store, runner: Runner,
+                 recorder: SessionRecorder, assembly: ContextAssembly,
+                 compaction: SessionCompaction, replies: Replies, stats: TurnStats,
+                 services: Callable[[InboundMessage], TurnServices]) -> None:
+        self.config = config
+        self.bus = bus
+        self.store = store
+        self.runner = runner
+        self.recorder = recorder
+        self.assembly = assembly
+        self.compaction = compaction
+        self.replies = replies
+        self.stats = stats
+        self.services = services
+        self.workspace = config.workspace_path  # resolved once, not on every turn
+        self._prompt_cut_said = -PROMPT_CUT_EVERY
+
+    async def run(self, work: Work, lane: Lane | None) -> None:
+        """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
+        and messages that arrive meanwhile come from."""
+        turn = await self._prepare(work, lane)
+        await self._build_context(turn)
+        try:
+            result = await self._run_tools(turn)
+        except (ProviderError, CompactionFailed) as exc:
+            await self._record_failure(turn, exc)
+            return
+        except asyncio.CancelledError:
+            if turn.stopped:  # /stop: keep what was done
+                await asyncio.shield(self.recorder.finish(turn.record, turn.hooks.so_far,
+                                                          status="stopped"))
+            raise  # shutdown: nothing stored, the message is answered after the next start
+        self._warn_if_prompt_cut(turn.built, result)
+        await self._record_and_deliver(turn, result)
+
+    async def keep_as_context(self, work: Work) -> None:
+        """A group message not addressed to us: part of the history, no turn, no reply."""
+        session = await self.store.active_session(work.msg.session_key)
+        body = self.assembly.builder.stored_user_message(work.msg)
+        await self.recorder.finish(
+            TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=work.msg.message_id,
+                       started_at=utcnow(), user_message=body,
+                       user_tokens=self.assembly.counter.count_message(body),
+                       sources=work.sources),
+            None, status="context")
+
+    # the steps ----------------------------------------------------------------------------
+
+    async def _prepare(self, work: Work, lane: Lane | None) -> _Turn:
+        """The session, and what the turn's tools know of it."""
+        msg = work.msg
+        session = await self.store.active_session(msg.session_key)
+        ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
+                          tools=self.config.agent.tools, services=self.services(msg))
+        return _Turn(work, lane, ctx, await self.store.compaction(session.id))
+
+    async def _build_context(self, turn: _Turn) -> None:
+        """The stored history built into messages; compacted first when it no longer fits."""
+        history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
+        built = self.assembly.build(turn.msg, history, turn.compaction,
+                                    turn_id=turn.ctx.turn_id)
+        if self.compaction.enabled and (built.dropped_turns or more):
+            if await self._compact_before(turn):
+                built = await self._rebuild(turn)
+        self._try_with(turn, built)
+
+    async def _run_tools(self, turn: _Turn) -> RunResult:
+        """The tool loop. A request the server found too large (its window is smaller than
+        we thought) compacts the session harder and is tried once more."""
+        try:
+            return await self._run_once(turn)
+        except ProviderContextTooLarge:
+            if not self.compaction.enabled:
+                raise
+        turn.compaction = await self.compaction.after_overflow(turn.ctx, turn.compaction)
+        self._try_with(turn, await self._rebuild(turn))
+        return await self._run_once(turn)
+
+    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> None:
+        """The turn and its reply stored in one transaction, then the reply sent (unless
+        it is not to be: see ``_deliverable``)."""
+        reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
+        deliver = _deliverable(turn, result.text)
+        await self.recorder.finish(turn.record, result, status=result.stop_reason,
+                                   outbound=self.replies.outbox(reply) if deliver else [])
+        self.stats.turns_done += 1
+        if deliver:
+            await self.bus.publish_outbound(reply, stored=True)
+
+    async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
+        """What was done is stored, and the chat hears what went wrong in one line."""
+        _log.warning("turn %s: %s: %s", turn.ctx.turn_id, type(exc).__name__, exc)
+        self.stats.error(f"{type(exc).__name__}: {exc}")
+        text = exc.user_message if isinstance(exc, ProviderError) else \
+            ProviderContextTooLarge(str(exc)).user_message
+        reply = outbound(turn.msg, text, "error", turn.ctx.turn_id)
+        quiet = nowhere(turn.msg)
+        await self.recorder.finish(turn.record, turn.hooks.so_far, status="error",
+                                   error=str(exc),
+                                   outbound=[] if quiet else self.replies.outbox(reply))
+        if not quiet:
+            await self.bus.publish_outbound(reply, stored=True)
+
+    # parts of the steps -------------------------------------------------------------------
+
+    async def _compact_before(self, turn: _Turn) -> bool:
+        """Summarise the oldest part before the turn. When that fails the oldest messages
+        are left out of this answer, and the chat is told so in one line."""
+        try:
+            turn.compaction = await self.compaction.before_turn(turn.ctx, turn.compaction)
+        except CompactionFailed as exc:
+            _log.warning("compaction of %s failed: %s", turn.msg.session_key, exc)
+            await self.bus.publish_outbound(outbound(
+                turn.msg, f"(I couldn't summarise the older messages — {exc} — so the oldest "
+                          "are left out of this answer; they stay saved.)", "notice",
+                turn.ctx.turn_id, key="compaction"))
+            return False
+        return True
+
+    async def _rebuild(self, turn: _Turn) -> BuiltContext:
+        """The context again, after a compaction."""
+        history, _ = await self.assembly.history(turn.ctx.session_id, turn.compaction)
+        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id)
+
+    def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
+        """A fresh try at the model with ``built``: its record and its hooks."""
+        turn.built = built
+        turn.record = TurnRecord(
+            session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
+            inbound_id=turn.msg.message_id, started_at=utcnow(),
+            user_message=built.user_message, user_tokens=built.user_tokens,
+            snapshot=built.snapshot, sources=turn.work.sources)
+        turn.hooks = _Hooks(self, turn)
+
+    async def _run_once(self, turn: _Turn) -> RunResult:
+        return await self.runner.run(messages=turn.built.messages, ctx=turn.ctx,
+                                     hooks=turn.hooks, budget=self.assembly.budget(turn.built))
+
+    def _warn_if_prompt_cut(self, built: BuiltContext, result: RunResult) -> None:
+        """Ollama keeps 4,096 prompt tokens (under 24 GiB of GPU memory) unless told otherwise
+        and silently drops the rest from the start: the system prompt first. The usage it
+        reports gives it away."""
+        if not result.responses:
+            return
+        sent, seen = built.snapshot["total_tokens"], result.responses[0].prompt_tokens
+        now = time.monotonic()
+        if sent < PROMPT_CUT_MIN or not 0 < seen < PROMPT_CUT_SHARE * sent or \
+                now - self._prompt_cut_said < PROMPT_CUT_EVERY:
+            return
+        self._prompt_cut_said = now
+        text = (f"the model server counted {seen:,} prompt tokens where Parley sent about "
+                f"{sent:,}: it is probably cutting the prompt, instructions first. Raise its "
+                "context length (Ollama: OLLAMA_CONTEXT_LENGTH, often 4096 by default) or set "
+                "agent.context.max_context_tokens to what it keeps")
+        _log.warning("%s", text)
+        self.stats.error(text)
