@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from channels.base import ChannelDeps, ChannelStatus
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import LocalChannelConfig
@@ -288,7 +288,7 @@ def _bearer_auth(token: str) -> Middleware:
 
 # --- the channel ------------------------------------------------------------------------------
 
-class LocalChannel:
+class LocalChannel(ChannelBase):
     name = "local"
     hints = ChannelHints(markup="Markdown (shown as plain text)", max_length=None,
                          etiquette="A test channel; answer as you would in a normal chat.")

@@ -72,10 +72,10 @@ class ChannelManager:
         return channel.hints if channel else ChannelHints()
 
     def _activity(self, event: ChatActivity) -> None:
-        """Forward to the channel's optional ``activity(event)`` (typing indicators)."""
-        hook = getattr(self.channels.get(event.channel), "activity", None)
-        if hook is not None:
-            hook(event)
+        """Forward to the chat's channel (typing indicators)."""
+        channel = self.channels.get(event.channel)
+        if channel is not None:
+            channel.activity(event)
 
     async def start_channels(self) -> None:
         started: list[Channel] = []
@@ -151,7 +151,7 @@ class ChannelManager:
                                      f"no channel {msg.channel!r} is running")
                 elif msg.kind != "progress":
                     self._enqueue(_Job(msg, expires_at=self.bus.expires_at(msg)))
-                elif getattr(channel, "wants_progress", False):
+                elif channel.wants_progress:
                     self._enqueue(_Job(msg, durable=False))  # shown live, never retried
             finally:
                 self.bus.outbound_done()
