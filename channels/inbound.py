@@ -29,7 +29,7 @@ from channels.incoming import (
     size_of,
     to_inbound,
 )
-from gateway.kernel.backoff import Backoff
+from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.events import InboundMessage, Media, utcnow
 from gateway.kernel.pairing import PairingFull, PairingStore
@@ -70,8 +70,10 @@ class GroupContext:
 class Inbound:
     def __init__(self, platform: str, io: PlatformIO, wording: Wording, *, bus: MessageBus,
                  pairing: PairingStore, rules: AccessRules, media_dir: Path,
-                 max_media_bytes: int, allow_bots: bool = False) -> None:
-        """``allow_bots``: other bots' messages are handled too (else dropped unseen)."""
+                 max_media_bytes: int, allow_bots: bool = False,
+                 retry: BackoffPolicy | None = None) -> None:
+        """``allow_bots``: other bots' messages are handled too (else dropped unseen);
+        ``retry``: the waits between tries to store a message."""
         self.platform = platform
         self.access = Access(platform, rules, pairing)
         self._io = io
@@ -81,6 +83,7 @@ class Inbound:
         self._media_dir = media_dir
         self._limit = max_media_bytes
         self._allow_bots = allow_bots
+        self._retry = retry or BackoffPolicy()
         self._context = GroupContext(rules.group_history, MAX_CONTEXT_CHATS)
         self.last_inbound: datetime | None = None
 
@@ -133,7 +136,7 @@ class Inbound:
 
     async def _publish(self, msg: InboundMessage) -> bool:
         """Store the message (a few tries, then it is given up); False when the bus is closed."""
-        backoff = Backoff()
+        backoff = self._retry.counter()
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 await self._bus.publish_inbound(msg)
