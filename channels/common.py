@@ -60,6 +60,15 @@ class SecretFilter(logging.Filter):
             record.exc_text = redact(record.exc_text, self.secrets)
         return True
 
+    def cover(self, *roots: str, on: bool = True) -> None:
+        """Add (``on``) or remove this filter on the loggers ``roots`` and their children known
+        so far: a logger's filter applies to its own records only, not to its children's."""
+        children = tuple(f"{root}." for root in roots)
+        known = [n for n in logging.Logger.manager.loggerDict if n.startswith(children)]
+        for name in {*roots, *known}:
+            logger = logging.getLogger(name)
+            (logger.addFilter if on else logger.removeFilter)(self)
+
 
 def iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts else None

@@ -205,7 +205,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._sessions = 0
         self._ready.clear()
         self._settled.clear()
-        self._redact_logs(True)
+        self._filter.cover("discord")
         await self.pairing.setup()
         await self._sent.setup()
         # What was said while the gateway was stopped is read back once connected.
@@ -250,7 +250,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         if self._pointed:
             _point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
             self._pointed = False
-        self._redact_logs(False)
+        self._filter.cover("discord", on=False)
         await self._notify()
 
     async def _close_client(self, client: _Client) -> None:
@@ -264,14 +264,6 @@ class DiscordChannel(StateWatch, ChannelBase):
         ready_task = getattr(client._connection, "_ready_task", None)
         if isinstance(ready_task, asyncio.Task):
             ready_task.cancel()
-
-    def _redact_logs(self, on: bool) -> None:
-        """Filter discord.py's loggers (a filter applies to its own logger only, not children)."""
-        names = {"discord", *(n for n in logging.Logger.manager.loggerDict
-                              if n.startswith("discord."))}
-        for name in names:
-            logger = logging.getLogger(name)
-            (logger.addFilter if on else logger.removeFilter)(self._filter)
 
     def _new_client(self) -> _Client:
         # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.

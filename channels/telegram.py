@@ -66,6 +66,7 @@ from gateway.kernel.values import COMMAND_DESCRIPTIONS, ChannelHints, Delivery
 _log = logging.getLogger(__name__)
 
 _LOGGERS_WITH_URLS = ("telegram", "httpx", "httpcore")
+"""PTB's and httpx's loggers print request URLs, and the token is in every one of them."""
 
 
 class TelegramChannelError(Exception):
@@ -100,7 +101,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         self.pairing = PairingStore(store)
         self._sent = SentParts(store, NAME)
         self._filter = SecretFilter(self._token, self._webhook_secret)
-        self._redact_logs(True)  # before the first Bot: PTB logs its URLs, token included
+        self._filter.cover(*_LOGGERS_WITH_URLS)  # before the first Bot: PTB logs its URLs
         self._bot = self._new_bot()
         self._outbound = Outbound(self._bot, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
@@ -142,7 +143,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         if self._running:
             return
         self._stopped = False
-        self._redact_logs(True)
+        self._filter.cover(*_LOGGERS_WITH_URLS)
         await self.pairing.setup()
         await self._sent.setup()
         try:
@@ -185,7 +186,7 @@ class TelegramChannel(StateWatch, ChannelBase):
             except (TelegramError, TimeoutError) as exc:
                 _log.info("telegram: could not confirm offset on stop: %s", self._redact(str(exc)))
         await self._close_bot()
-        self._redact_logs(False)
+        self._filter.cover(*_LOGGERS_WITH_URLS, on=False)
         async with self._changed:
             self._changed.notify_all()
 
@@ -194,14 +195,6 @@ class TelegramChannel(StateWatch, ChannelBase):
             await self._bot.shutdown()
         except Exception:
             _log.exception("telegram: bot shutdown failed")
-
-    def _redact_logs(self, on: bool) -> None:
-        """Filter the loggers that print request URLs (PTB's, httpx's): the token is in them."""
-        names = {*_LOGGERS_WITH_URLS, *(n for n in logging.Logger.manager.loggerDict
-                                        if n.startswith(_LOGGERS_WITH_URLS))}
-        for name in names:
-            logger = logging.getLogger(name)
-            (logger.addFilter if on else logger.removeFilter)(self._filter)
 
     def _redact(self, text: str) -> str:
         return redact(text, (self._token,))
