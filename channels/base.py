@@ -1,4 +1,9 @@
-"""The protocol every channel adapter implements, and the shared pieces they use."""
+"""The protocol every channel adapter implements, and the shared pieces they use.
+
+``Channel`` is everything the gateway asks of an adapter, optional parts included: an adapter
+that has no use for them subclasses ``ChannelBase`` for their defaults, so the gateway reads
+them plainly instead of probing for them.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gateway.kernel.events import OutboundMessage
+from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.values import ChannelHints, Delivery
 
 if TYPE_CHECKING:
@@ -26,6 +31,9 @@ class ChannelStatus:
 class Channel(Protocol):
     name: str
     hints: ChannelHints
+    wants_progress: bool
+    """Show progress lines (what a turn is doing) live; they are never retried. Default False:
+    the gateway does not even queue them."""
 
     async def start(self) -> None: ...
 
@@ -34,6 +42,20 @@ class Channel(Protocol):
     async def send(self, msg: OutboundMessage) -> Delivery: ...
 
     def status(self) -> ChannelStatus: ...
+
+    def activity(self, event: ChatActivity) -> None:
+        """A turn in one of this channel's chats started or ended (``event.busy``), for a
+        "typing…" indicator. Default: nothing. Must not block (it is called synchronously)."""
+        ...
+
+
+class ChannelBase:
+    """The defaults of ``Channel``'s optional parts."""
+
+    wants_progress: bool = False
+
+    def activity(self, event: ChatActivity) -> None:
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,17 +1,21 @@
-"""Pieces every platform adapter needs: keeping bot tokens out of logs and error texts, the
-backoff between reconnects, the group chatter kept as context, and waiting for a change of
-state."""
+"""Pieces every platform adapter needs: keeping bot tokens out of logs and error texts,
+"typing…" while a turn runs, and waiting for a change of state."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from typing import Self
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from datetime import datetime
+from typing import Generic, Self, TypeVar
 
-from gateway.kernel.backoff import Backoff as Backoff  # the kernel's policy, re-exported
-from gateway.kernel.events import InboundMessage
+from gateway.kernel.events import ChatActivity
+from gateway.kernel.tasks import TaskSet
+
+MAX_TYPING_SECONDS = 600.0
+"""A turn that runs longer stops showing "typing…" (a stuck turn should not look busy forever)."""
+
+K = TypeVar("K", bound=Hashable)
 
 
 class StateWatch:
@@ -56,27 +60,63 @@ class SecretFilter(logging.Filter):
             record.exc_text = redact(record.exc_text, self.secrets)
         return True
 
+    def cover(self, *roots: str, on: bool = True) -> None:
+        """Add (``on``) or remove this filter on the loggers ``roots`` and their children known
+        so far: a logger's filter applies to its own records only, not to its children's."""
+        children = tuple(f"{root}." for root in roots)
+        known = [n for n in logging.Logger.manager.loggerDict if n.startswith(children)]
+        for name in {*roots, *known}:
+            logger = logging.getLogger(name)
+            (logger.addFilter if on else logger.removeFilter)(self)
 
-class GroupContext:
-    """Group messages not addressed to the bot, kept (the last ``per_chat`` per chat or
-    thread, for at most ``max_chats`` chats) until the next addressed message, which takes
-    them along as context-only history."""
 
-    def __init__(self, per_chat: int, max_chats: int) -> None:
-        self.per_chat = per_chat
-        self.max_chats = max_chats
-        self._kept: OrderedDict[tuple[str, str | None], deque[InboundMessage]] = OrderedDict()
+def iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts else None
 
-    def keep(self, msg: InboundMessage) -> None:
-        key = (msg.chat_id, msg.thread_id)
-        kept = self._kept.get(key)
-        if kept is None:
-            kept = self._kept[key] = deque(maxlen=self.per_chat)
-            while len(self._kept) > self.max_chats:
-                self._kept.popitem(last=False)
-        self._kept.move_to_end(key)
-        kept.append(msg)
 
-    def with_context(self, msg: InboundMessage) -> list[InboundMessage]:
-        """What to publish for an addressed message: the kept context first, then it."""
-        return [*self._kept.pop((msg.chat_id, msg.thread_id), ()), msg]
+class Typing(Generic[K]):
+    """"typing…" while a chat's turns run. Platforms show it for a few seconds per call, so
+    ``show(place)`` is repeated every ``interval`` seconds while any turn there is busy (for
+    at most ``MAX_TYPING_SECONDS``). ``show`` may return how long the platform asked us to
+    wait before the next call; its failures are its own to log."""
+
+    def __init__(self, name: str, tasks: TaskSet, *, place: Callable[[ChatActivity], K],
+                 show: Callable[[K], Awaitable[float | None]], interval: float,
+                 clock: Callable[[], float]) -> None:
+        self.name = name
+        self.running: dict[K, asyncio.Task[None]] = {}
+        self._busy: dict[K, int] = {}
+        self._tasks = tasks
+        self._place = place
+        self._show = show
+        self._interval = interval
+        self._clock = clock
+
+    def activity(self, event: ChatActivity) -> None:
+        key = self._place(event)
+        count = self._busy.get(key, 0) + (1 if event.busy else -1)
+        if count > 0:
+            self._busy[key] = count
+            if key not in self.running:
+                self.running[key] = self._tasks.spawn(self._keep_typing(key),
+                                                      f"{self.name}-typing:{event.chat_id}")
+            return
+        self._busy.pop(key, None)
+        task = self.running.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    def clear(self) -> None:
+        """Forget every place (after the tasks were cancelled with their ``TaskSet``)."""
+        self.running.clear()
+        self._busy.clear()
+
+    async def _keep_typing(self, key: K) -> None:
+        deadline = self._clock() + MAX_TYPING_SECONDS
+        try:
+            while self._clock() < deadline:
+                told = await self._show(key)
+                await asyncio.sleep(self._interval if told is None else told)
+        finally:
+            if self.running.get(key) is asyncio.current_task():
+                del self.running[key]

@@ -19,11 +19,12 @@ set in one place, ``_login()``, right before login (the gateway URL from that se
 one process are therefore not supported.
 
 Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
-the message and one owned worker (``discord_inbound``) handles messages in arrival order:
-translation in ``discord_convert``, who is served in ``discord_access``. Output lives in
-``discord_outbound``. Replies go out over REST, which does not
-need the gateway: an answer produced while the gateway reconnects is sent all the same, and
-when REST fails too the outbox retries it.
+the message and one owned worker (``discord_reader``) converts messages in arrival order
+(``discord_convert``) for the shared pipeline (``channels.inbound``: access, pairing, group
+context, files, storing). Attachments are saved under the workspace's ``inbox/``. Output lives
+in ``discord_outbound``. Replies go out over REST, which does not need the gateway: an answer
+produced while the gateway reconnects is sent all the same, and when REST fails too the outbox
+retries it.
 """
 
 from __future__ import annotations
@@ -40,19 +41,22 @@ from typing import Any
 
 import yarl
 
-from channels.base import ChannelDeps, ChannelStatus
-from channels.common import StateWatch
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus
+from channels.common import SecretFilter, StateWatch, Typing, iso
 from channels.discord_convert import (
     NAME,
     TEXT_LIMIT,
-    SecretFilter,
+    WORDING,
+    access_rules,
     allowed_mentions,
     discord,
 )
 from channels.discord_cursors import Cursors
-from channels.discord_inbound import Inbound
-from channels.discord_outbound import SEND_ERRORS, Backoff, Outbound
+from channels.discord_outbound import SEND_ERRORS, Outbound
+from channels.discord_reader import Reader
+from channels.inbound import Inbound
 from channels.sent_parts import SentParts
+from gateway.kernel.backoff import Backoff
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DiscordChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
@@ -69,7 +73,6 @@ DEFAULT_API_BASE = Route.BASE
 DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
 IDENTIFY_DELAY = 5.0
 """Seconds to wait before an IDENTIFY that is not the first (Discord allows one per 5 s)."""
-MAX_TYPING_SECONDS = 600.0
 PORTAL_SWITCH = (
     "Discord refused the privileged Message Content intent. Open "
     "https://discord.com/developers/applications → your application → Bot → Privileged "
@@ -78,10 +81,6 @@ PORTAL_SWITCH = (
 
 class DiscordChannelError(Exception):
     """The channel cannot start (the token or the Message Content intent was refused)."""
-
-
-def _iso(ts: datetime | None) -> str | None:
-    return ts.isoformat() if ts else None
 
 
 def gateway_intents() -> discord.Intents:
@@ -138,7 +137,7 @@ class _Client(discord.Client):
         self._owner._saw_event()
 
 
-class DiscordChannel(StateWatch):
+class DiscordChannel(StateWatch, ChannelBase):
     name = NAME
     hints = ChannelHints(
         markup="Discord markdown, shown natively (bold, italic, underline __x__, "
@@ -168,14 +167,18 @@ class DiscordChannel(StateWatch):
         self._client: _Client | None = None
         self._logged_in = False
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
-        self._inbound = Inbound(config, bus=bus, pairing=self.pairing, outbound=self._outbound,
-                                client=self._live_client, inbox_dir=workspace / "inbox",
-                                on_handled=self._notify, cursors=Cursors(store))
+        self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
+                                rules=access_rules(config), media_dir=workspace / "inbox",
+                                max_media_bytes=config.max_media_bytes,
+                                allow_bots=config.allow_bots)
+        self._reader = Reader(self._inbound, client=self._live_client, on_handled=self._notify,
+                              cursors=Cursors(store))
         self._read_back_at_start = False
         self._tasks = TaskSet()
+        self._typing = Typing(NAME, self._tasks, place=lambda e: e.thread_id or e.chat_id,
+                              show=self._show_typing, interval=config.typing_interval,
+                              clock=clock)
         self._runner: asyncio.Task[None] | None = None
-        self._typing: dict[str, asyncio.Task[None]] = {}
-        self._busy: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self._ready = asyncio.Event()
         self._settled = asyncio.Event()
@@ -202,14 +205,14 @@ class DiscordChannel(StateWatch):
         self._sessions = 0
         self._ready.clear()
         self._settled.clear()
-        self._redact_logs(True)
+        self._filter.cover("discord")
         await self.pairing.setup()
         await self._sent.setup()
         # What was said while the gateway was stopped is read back once connected.
-        self._read_back_at_start = await self._inbound.restore()
+        self._read_back_at_start = await self._reader.restore()
         self._running = True
         runner = self._runner = self._tasks.spawn(self._run(), "discord-gateway")
-        self._tasks.spawn(self._inbound.run(), "discord-inbound")
+        self._tasks.spawn(self._reader.run(), "discord-inbound")
         self._tasks.spawn(self._watchdog(), "discord-watchdog")
         waiter = asyncio.create_task(self._settled.wait(), name="discord-wait-ready")
         try:
@@ -242,13 +245,12 @@ class DiscordChannel(StateWatch):
             await self._close_client(client)
         await self._tasks.cancel_all()
         self._typing.clear()
-        self._busy.clear()
         self._logged_in = False
         self._connected = False
         if self._pointed:
             _point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
             self._pointed = False
-        self._redact_logs(False)
+        self._filter.cover("discord", on=False)
         await self._notify()
 
     async def _close_client(self, client: _Client) -> None:
@@ -262,14 +264,6 @@ class DiscordChannel(StateWatch):
         ready_task = getattr(client._connection, "_ready_task", None)
         if isinstance(ready_task, asyncio.Task):
             ready_task.cancel()
-
-    def _redact_logs(self, on: bool) -> None:
-        """Filter discord.py's loggers (a filter applies to its own logger only, not children)."""
-        names = {"discord", *(n for n in logging.Logger.manager.loggerDict
-                              if n.startswith("discord."))}
-        for name in names:
-            logger = logging.getLogger(name)
-            (logger.addFilter if on else logger.removeFilter)(self._filter)
 
     def _new_client(self) -> _Client:
         # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.
@@ -369,7 +363,7 @@ class DiscordChannel(StateWatch):
 
     def _received(self, message: discord.Message) -> None:
         if not self._stopped:
-            self._inbound.put(message)
+            self._reader.put(message)
 
     async def _watchdog(self) -> None:
         """Close a connection whose heartbeats go unacknowledged (discord.py then resumes)."""
@@ -391,7 +385,7 @@ class DiscordChannel(StateWatch):
 
     async def _catch_up(self) -> None:
         self.catch_ups += 1
-        await self._inbound.catch_up()
+        await self._reader.catch_up()
 
     # --- status ---------------------------------------------------------------------------------
 
@@ -410,9 +404,9 @@ class DiscordChannel(StateWatch):
             "degraded": self._running and not up,
             "latency_ms": round(latency * 1000) if math.isfinite(latency) else None,
             "last_heartbeat_ack_s": round(age, 1) if age is not None else None,
-            "last_event": _iso(self.last_event),
-            "last_inbound": _iso(self._inbound.last_inbound),
-            "last_send_ok": _iso(self._outbound.last_send_ok),
+            "last_event": iso(self.last_event),
+            "last_inbound": iso(self._inbound.last_inbound),
+            "last_send_ok": iso(self._outbound.last_send_ok),
             "disconnects": self.disconnects, "resumes": self.resumes,
             "catch_ups": self.catch_ups, "watchdog_restarts": self.watchdog_restarts,
             "error": self.fatal}
@@ -427,35 +421,16 @@ class DiscordChannel(StateWatch):
 
     def activity(self, event: ChatActivity) -> None:
         """While a chat's turn runs, show "typing…" (Discord shows it for ~10 s per call)."""
-        if not self._running or event.channel != NAME:
-            return
-        key = event.thread_id or event.chat_id
-        count = self._busy.get(key, 0) + (1 if event.busy else -1)
-        if count > 0:
-            self._busy[key] = count
-            if key not in self._typing:
-                self._typing[key] = self._tasks.spawn(self._keep_typing(key),
-                                                      f"discord-typing:{key}")
-            return
-        self._busy.pop(key, None)
-        task = self._typing.pop(key, None)
-        if task is not None:
-            task.cancel()
+        if self._running and event.channel == NAME:
+            self._typing.activity(event)
 
-    async def _keep_typing(self, target: str) -> None:
-        deadline = self._clock() + MAX_TYPING_SECONDS
-        try:
-            while self._clock() < deadline:
-                client = self._live_client()
-                if client is not None and target.isdigit():
-                    try:
-                        await client.get_partial_messageable(int(target)).typing()
-                    except SEND_ERRORS as exc:
-                        _log.debug("discord: typing failed: %s", exc)
-                await asyncio.sleep(self.config.typing_interval)
-        finally:
-            if self._typing.get(target) is asyncio.current_task():
-                del self._typing[target]
+    async def _show_typing(self, target: str) -> None:
+        client = self._live_client()
+        if client is not None and target.isdigit():
+            try:
+                await client.get_partial_messageable(int(target)).typing()
+            except SEND_ERRORS as exc:
+                _log.debug("discord: typing failed: %s", exc)
 
 
 def create(deps: ChannelDeps) -> DiscordChannel:

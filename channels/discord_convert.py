@@ -1,9 +1,10 @@
 """Translation between discord.py objects and Parley's events, as pure functions.
 
 ``describe()`` is the one function that reads a ``discord.Message``: it copies what Parley
-needs into an ``Incoming`` (plain data). Every rule after that (who addressed the bot, what
-the agent reads, which session a message belongs to, how a reply is cut into messages, which
-error is worth a retry) works on plain values and is tested without a network.
+needs into a ``Post`` (plain data). Every rule after that (who addressed the bot, what the
+agent reads, which session a message belongs to, how a reply is cut into messages, which error
+is worth a retry) works on plain values and is tested without a network; ``incoming()`` turns
+a ``Post`` into what the shared inbound pipeline takes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ with warnings.catch_warnings():
                             category=DeprecationWarning)
     import discord
 
+from channels.access import AccessRules
 from channels.chunking import chunk_markdown
-from channels.common import SecretFilter as SecretFilter  # re-exported
 from channels.common import redact
-from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind
+from channels.incoming import Attachment, Incoming, Sender, Wording, human_size
+from gateway.kernel.config import DiscordChannelConfig
+from gateway.kernel.events import ChatType, Media, MediaKind
 from gateway.kernel.values import Delivery
 
 NAME = "discord"
@@ -41,18 +44,9 @@ _SYSTEM_FREE = frozenset({discord.MessageType.default, discord.MessageType.reply
 # --- one message, as plain data -------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class AttachmentRef:
-    """A file attached to a message, before it is downloaded."""
+class Post:
+    """A Discord message as plain data."""
 
-    id: str
-    filename: str
-    size: int
-    mime: str | None
-    url: str
-
-
-@dataclass(frozen=True, slots=True)
-class Incoming:
     id: str
     channel_id: str
     """Where it was posted: the thread's own id for a message in a thread."""
@@ -72,7 +66,7 @@ class Incoming:
     reply_author_id: str | None = None
     reply_author_name: str | None = None
     reply_text: str | None = None
-    attachments: tuple[AttachmentRef, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
     stickers: tuple[str, ...] = ()
     system: bool = False
     """A join, pin, thread-created... notice, not something anyone said."""
@@ -87,7 +81,7 @@ def display_name(user: discord.abc.User) -> str:
     return user.display_name.strip() or user.name
 
 
-def describe(message: discord.Message, *, parent_id: int | None = None) -> Incoming:
+def describe(message: discord.Message, *, parent_id: int | None = None) -> Post:
     """``parent_id``: the parent channel when the message was posted in a thread."""
     guild = message.guild
     ref = message.reference
@@ -95,7 +89,7 @@ def describe(message: discord.Message, *, parent_id: int | None = None) -> Incom
     reply_author = resolved.author if isinstance(resolved, discord.Message) else None
     role_ids = sorted({r.id for r in message.role_mentions} | set(message.raw_role_mentions))
     roles = [guild.get_role(r) for r in role_ids] if guild is not None else []
-    return Incoming(
+    return Post(
         id=str(message.id), channel_id=str(message.channel.id),
         guild_id=str(guild.id) if guild is not None else None,
         parent_id=str(parent_id) if parent_id is not None else None,
@@ -109,7 +103,7 @@ def describe(message: discord.Message, *, parent_id: int | None = None) -> Incom
         reply_author_id=str(reply_author.id) if reply_author is not None else None,
         reply_author_name=display_name(reply_author) if reply_author is not None else None,
         reply_text=resolved.content if isinstance(resolved, discord.Message) else None,
-        attachments=tuple(AttachmentRef(str(a.id), a.filename, a.size, a.content_type, a.url)
+        attachments=tuple(attachment(a.filename, a.size, a.content_type, a.url)
                           for a in message.attachments),
         stickers=tuple(s.name for s in message.stickers),
         system=message.type not in _SYSTEM_FREE)
@@ -124,14 +118,14 @@ class Place:
     chat_type: ChatType
 
 
-def place_of(inc: Incoming) -> Place:
+def place_of(post: Post) -> Place:
     """DMs and channels are ``discord:<channel_id>``; a thread is its parent's chat with the
     thread as ``thread_id`` (``discord:<parent_id>:<thread_id>``)."""
-    if inc.direct:
-        return Place(inc.channel_id, None, "direct")
-    if inc.parent_id is not None:
-        return Place(inc.parent_id, inc.channel_id, "group")
-    return Place(inc.channel_id, None, "group")
+    if post.direct:
+        return Place(post.channel_id, None, "direct")
+    if post.parent_id is not None:
+        return Place(post.parent_id, post.channel_id, "group")
+    return Place(post.channel_id, None, "group")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,17 +138,17 @@ class Addressed:
         return self.mention or self.reply
 
 
-def addressing(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> Addressed:
+def addressing(post: Post, *, bot_id: str, bot_roles: Iterable[str] = ()) -> Addressed:
     """Mentioned (``<@id>``, or a role the bot has), or a reply to one of the bot's messages.
 
     Another bot (with ``allow_bots``) addresses us only by mentioning us: a reply alone does
     not count, or two bots that reply to each other would never stop.
     """
     roles = set(bot_roles)
-    mention = any(uid == bot_id for uid, _ in inc.mentions) or bool(
-        roles.intersection(inc.role_mentions)) or _mention_pattern(bot_id).search(
-        inc.content) is not None
-    reply = inc.reply_author_id == bot_id and not inc.author_is_bot
+    mention = any(uid == bot_id for uid, _ in post.mentions) or bool(
+        roles.intersection(post.role_mentions)) or _mention_pattern(bot_id).search(
+        post.content) is not None
+    reply = post.reply_author_id == bot_id and not post.author_is_bot
     return Addressed(mention=mention, reply=reply)
 
 
@@ -162,16 +156,16 @@ def _mention_pattern(user_id: str) -> re.Pattern[str]:
     return re.compile(rf"<@!?{re.escape(user_id)}>")
 
 
-def readable_text(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
+def readable_text(post: Post, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
     """The content as a person reads it: the bot's own mention (user or role) removed, other
     mentions as ``@Name``."""
-    text = _mention_pattern(bot_id).sub("", inc.content)
+    text = _mention_pattern(bot_id).sub("", post.content)
     for role in bot_roles:
         text = text.replace(f"<@&{role}>", "")
-    stripped = text != inc.content
-    names = dict(inc.mentions)
+    stripped = text != post.content
+    names = dict(post.mentions)
     text = re.sub(r"<@!?(\d+)>", lambda m: f"@{names.get(m.group(1), 'someone')}", text)
-    roles = dict(inc.role_names)
+    roles = dict(post.role_names)
     text = re.sub(r"<@&(\d+)>", lambda m: f"@{roles.get(m.group(1), 'role')}", text)
     text = re.sub(r"[ \t]{2,}", " ", text).strip()
     return text.lstrip(",:").strip() if stripped else text
@@ -182,34 +176,47 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def reply_context(inc: Incoming, bot_id: str) -> str | None:
+def reply_context(post: Post, bot_id: str) -> str | None:
     """What the user replied to, so "what does this mean?" has its "this"."""
-    if inc.reply_to is None or inc.reply_text is None:
+    if post.reply_to is None or post.reply_text is None:
         return None
-    who = "you" if inc.reply_author_id == bot_id else inc.reply_author_name or "someone"
-    return f'[Replying to {who}: "{_shorten(inc.reply_text, QUOTE_CHARS) or "(attachment)"}"]'
+    who = "you" if post.reply_author_id == bot_id else post.reply_author_name or "someone"
+    return f'[Replying to {who}: "{_shorten(post.reply_text, QUOTE_CHARS) or "(attachment)"}"]'
 
 
-def message_text(inc: Incoming, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
+def message_text(post: Post, *, bot_id: str, bot_roles: Iterable[str] = ()) -> str:
     """What the agent reads: the readable text plus what it replied to and stickers."""
-    body = readable_text(inc, bot_id=bot_id, bot_roles=bot_roles)
+    body = readable_text(post, bot_id=bot_id, bot_roles=bot_roles)
     if body.startswith("/"):
         return body  # a command stays a command, even when sent as a reply
-    lines = [line for line in (reply_context(inc, bot_id), body) if line]
-    lines.extend(f"[sticker {name}]" for name in inc.stickers)
+    lines = [line for line in (reply_context(post, bot_id), body) if line]
+    lines.extend(f"[sticker {name}]" for name in post.stickers)
     return "\n".join(lines)
 
 
-def to_inbound(inc: Incoming, *, text: str, media: tuple[Media, ...] = (),
-               mentioned: bool = False, context_only: bool = False) -> InboundMessage:
-    place = place_of(inc)
-    return InboundMessage(
-        channel=NAME, chat_id=place.chat_id, sender_id=inc.author_id,
-        sender_name=inc.author_name, text=text, media=media, message_id=inc.id,
-        thread_id=place.thread_id, chat_type=place.chat_type, mentioned=mentioned,
-        reply_to=inc.reply_to, received_at=inc.created_at,
-        kind="command" if text.startswith("/") else "user",
-        context_only=context_only)
+def incoming(post: Post, *, bot_id: str, bot_roles: Iterable[str] = ()) -> Incoming | None:
+    """None for the bot's own messages and system notices (joins, pins, ...)."""
+    if post.author_id == bot_id or post.system:
+        return None
+    place = place_of(post)
+    return Incoming(
+        platform=NAME, id=post.id, where=post.channel_id, chat_id=place.chat_id,
+        thread_id=place.thread_id, guild_id=post.guild_id,
+        place_ids=(post.channel_id, *((post.parent_id,) if post.parent_id else ())),
+        direct=post.direct,
+        sender=Sender(id=post.author_id, name=post.author_name, is_bot=post.author_is_bot),
+        addressed=post.direct or addressing(post, bot_id=bot_id, bot_roles=bot_roles).any,
+        text=message_text(post, bot_id=bot_id, bot_roles=bot_roles),
+        attachments=post.attachments, reply_to=post.reply_to, received_at=post.created_at)
+
+
+def access_rules(config: DiscordChannelConfig) -> AccessRules:
+    """``allow_guilds`` and ``allow_channels`` open those places to everyone, and confine the
+    bot to them."""
+    return AccessRules.of(dm_policy=config.dm_policy, group_policy=config.group_policy,
+                          group_history=config.group_history, allow_from=config.allow_from,
+                          allow_places=config.allow_channels, allow_guilds=config.allow_guilds,
+                          confined=True)
 
 
 # --- media in -------------------------------------------------------------------------------------
@@ -233,27 +240,25 @@ def stored_name(message_id: str, index: int, filename: str) -> str:
     return f"{message_id}-{index}-{name}"
 
 
-def attachment_mime(ref: AttachmentRef) -> str | None:
-    return ref.mime.split(";")[0].strip() if ref.mime else mimetypes.guess_type(ref.filename)[0]
+def attachment(filename: str, size: int, content_type: str | None, url: str) -> Attachment:
+    mime = content_type.split(";")[0].strip() if content_type else \
+        mimetypes.guess_type(filename)[0]
+    return Attachment(source=url, kind=media_kind(mime), mime=mime, size=size, label=filename,
+                      name=filename)
 
 
-def human_size(size: int) -> str:
-    """``512 bytes``, ``2 KB``, ``25 MB``, ``25.3 MB``."""
-    if size < 1024:
-        return f"{size} bytes"
-    value, unit = (size / 1024, "KB") if size < 1024 * 1024 else (size / 1024 / 1024, "MB")
-    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
-
-
-def too_big_note(ref: AttachmentRef, limit: int) -> str:
-    return (f'[The user attached "{ref.filename}" ({human_size(ref.size)}), which was not '
-            f"downloaded: it is over the {human_size(limit)} limit.]")
-
-
-def too_big_reply(refs: Sequence[AttachmentRef], limit: int) -> str:
-    names = ", ".join(f"{r.filename} ({human_size(r.size)})" for r in refs)
-    which = "that file is" if len(refs) == 1 else "those files are"
+def too_big_reply(refused: Sequence[Attachment], limit: int) -> str:
+    names = ", ".join(f"{a.label} ({human_size(a.size or 0)})" for a in refused)
+    which = "that file is" if len(refused) == 1 else "those files are"
     return f"Sorry, {which} too big for me: {names}. I can take files up to {human_size(limit)}."
+
+
+WORDING = Wording(
+    title="Discord", place="channel", command="`{}`", context_mark="[attached {label}]",
+    failed_note='[The user attached "{label}", which could not be downloaded.]',
+    too_big_note='[The user attached "{label}" ({size}), which was not downloaded: it is over '
+                 "the {limit} limit.]",
+    too_big_reply=too_big_reply)
 
 
 # --- replies out --------------------------------------------------------------------------------

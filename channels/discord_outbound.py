@@ -1,4 +1,5 @@
-"""Discord output: replies cut into parts and sent in order, files, and channel notices.
+"""Discord output: replies cut into parts and sent in order, files; and the two calls the
+shared inbound pipeline makes on Discord (``PlatformIO``): notices and downloading a file.
 
 A reply is planned into parts (``plan_parts``: chunks of at most 2000 characters, then one
 message per file). Every part Discord accepted is recorded in ``SentParts`` before the next is
@@ -24,21 +25,22 @@ from typing import Any
 
 import aiohttp
 
-from channels.common import Backoff as Backoff  # re-exported
 from channels.discord_convert import (
     FilePart,
     Part,
     TextPart,
     allowed_mentions,
     discord,
-    human_size,
     is_too_large,
     map_errors,
     nonce_for,
     plan_parts,
     redact,
+    stored_name,
 )
+from channels.incoming import Attachment, DownloadFailed, Fetched, Incoming, human_size
 from channels.sent_parts import SentParts
+from gateway.kernel.backoff import Backoff
 from gateway.kernel.config import DiscordChannelConfig
 from gateway.kernel.events import OutboundMessage, utcnow
 from gateway.kernel.values import Delivery
@@ -141,14 +143,14 @@ class Outbound:
         return await self._post(where, f"(Could not attach {path.name}: {problem}.)",
                                 reference=reference, nonce=nonce)
 
-    async def notice(self, channel_id: str, reply_to: str | None, text: str) -> None:
+    async def notice(self, inc: Incoming, text: str, *, reply: bool) -> None:
         """A plain message from the channel itself (pairing, refusals): best effort, 3 tries."""
         client = self._client()
-        target = _snowflake(channel_id)
+        target = _snowflake(inc.where)
         if client is None or target is None:
             return
         where = client.get_partial_messageable(target)
-        ref = _snowflake(reply_to)
+        ref = _snowflake(inc.id) if reply else None
         reference = discord.MessageReference(message_id=ref, channel_id=target,
                                              fail_if_not_exists=False) if ref else None
         backoff = Backoff()
@@ -166,6 +168,18 @@ class Outbound:
                 _log.warning("discord: notice failed: %s", redact(str(exc), self._secrets))
                 delay = backoff.next()
             await asyncio.sleep(delay)
+
+    async def fetch(self, inc: Incoming, index: int, att: Attachment,
+                    limit: int) -> Fetched | None:
+        """From Discord's CDN, saved as ``<message id>-<n>-<name>``."""
+        client = self._client()
+        if client is None:
+            raise DownloadFailed("not logged in to Discord")
+        try:
+            data = await client.http.get_from_cdn(att.source)
+        except SEND_ERRORS as exc:
+            raise DownloadFailed(redact(str(exc), self._secrets)) from exc
+        return Fetched(data, stored_name(inc.id, index, att.name or att.label))
 
 
 def _read_small(path: Path, limit: int) -> bytes | int | None:

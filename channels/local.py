@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from channels.base import ChannelDeps, ChannelStatus
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
 from channels.local_requests import (
     CHANNEL_NAME,
@@ -77,7 +77,7 @@ class LocalChannelError(Exception):
     """The local channel cannot do what was asked (unsafe listen address, stopped channel)."""
 
 
-class LocalChannel:
+class LocalChannel(ChannelBase):
     name = CHANNEL_NAME
     hints = ChannelHints(markup="Markdown (shown as plain text)", max_length=None,
                          etiquette="A test channel; answer as you would in a normal chat.")

@@ -1,23 +1,24 @@
 """The Telegram channel: python-telegram-bot 22, driven inside the gateway's event loop.
 
 Transport. Long polling by default, with our own loop over ``getUpdates`` rather than PTB's
-``Updater``, because the offset is ours to move: it advances past an update only once
-``bus.publish_inbound`` has stored the message (or the update was deliberately skipped).
+``Updater``, because the offset is ours to move: it advances past an update only once the
+shared inbound pipeline has stored its messages (or skipped it, or given up storing it).
 Updates that arrived while the gateway was down are fetched on start; on stop the last offset
 is confirmed to Telegram. A watchdog rebuilds the polling client (a new ``Bot`` and HTTP pool)
 when no ``getUpdates`` has *completed* for ``watchdog`` seconds, and ``status()`` says degraded
 meanwhile: a successful send never counts as a sign of life. ``mode: webhook`` serves
-``POST`` on ``webhook_url``'s path and answers 200 only after storing (Telegram retries
-otherwise); the secret token header is required, and stopping leaves the webhook registered
-so Telegram keeps updates for the next start.
+``POST`` on ``webhook_url``'s path and answers 200 only after handling (503 while stopping, so
+Telegram retries); the secret token header is required, and stopping leaves the webhook
+registered so Telegram keeps updates for the next start.
 
 Output. Markdown is chunked under 4096 UTF-16 units, each chunk rendered to Telegram HTML and
 sent; a chunk whose HTML Telegram refuses is resent as plain text. Each part sent is recorded
 (``SentParts``), so a retried message resumes after the parts already delivered and nothing is
 delivered twice, across restarts too.
 
-Translation between PTB objects and our events lives in ``telegram_convert`` (pure functions);
-who is served lives in ``telegram_access``.
+Input. Each message is converted (``telegram_convert.incoming``, pure) and handed to the shared
+pipeline (``channels.inbound``: access, pairing, group context, files, storing); downloads and
+notices go through ``telegram_outbound``.
 """
 
 from __future__ import annotations
@@ -33,25 +34,28 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from telegram import Bot, BotCommand, Update, User
+from telegram import Bot, BotCommand, Message, Update, User
 from telegram.constants import ChatAction
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
-from channels.base import ChannelDeps, ChannelStatus
-from channels.common import StateWatch
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus
+from channels.common import SecretFilter, StateWatch, Typing, iso, redact
 from channels.http_api import listen
+from channels.inbound import Inbound
+from channels.incoming import Incoming
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     ALLOWED_UPDATES,
     NAME,
-    SecretFilter,
-    redact,
+    WORDING,
+    access_rules,
+    incoming,
     retry_seconds,
 )
-from channels.telegram_inbound import Inbound
-from channels.telegram_outbound import Backoff, Outbound
-from gateway.kernel.bus import BusClosed, MessageBus
+from channels.telegram_outbound import Outbound
+from gateway.kernel.backoff import Backoff
+from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import TelegramChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
 from gateway.kernel.pairing import PairingStore
@@ -61,24 +65,15 @@ from gateway.kernel.values import COMMAND_DESCRIPTIONS, ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 
-MAX_STORE_ATTEMPTS = 5
-MAX_TYPING_SECONDS = 600.0
 _LOGGERS_WITH_URLS = ("telegram", "httpx", "httpcore")
+"""PTB's and httpx's loggers print request URLs, and the token is in every one of them."""
 
 
 class TelegramChannelError(Exception):
     """The channel cannot start (the token was refused, the webhook port is taken)."""
 
 
-class _NotStored(Exception):
-    """``publish_inbound`` failed: the update stays unconfirmed and is fetched again."""
-
-
-def _iso(ts: datetime | None) -> str | None:
-    return ts.isoformat() if ts else None
-
-
-class TelegramChannel(StateWatch):
+class TelegramChannel(StateWatch, ChannelBase):
     name = NAME
     hints = ChannelHints(
         markup="Markdown, shown as Telegram formatting (bold, italic, strikethrough, inline "
@@ -100,32 +95,33 @@ class TelegramChannel(StateWatch):
         self._webhook_secret = secret.get_secret_value() if secret else ""
         self._bus = bus
         self._commands = dict(commands)
+        self._addressed_by = [*self._commands, "start"]
+        """Commands that address the bot in a group without naming it (``/start`` too)."""
         self._clock = clock
         self.pairing = PairingStore(store)
         self._sent = SentParts(store, NAME)
         self._filter = SecretFilter(self._token, self._webhook_secret)
-        self._redact_logs(True)  # before the first Bot: PTB logs its URLs, token included
+        self._filter.cover(*_LOGGERS_WITH_URLS)  # before the first Bot: PTB logs its URLs
         self._bot = self._new_bot()
         self._outbound = Outbound(self._bot, self._sent, self._token)
-        self._inbound = Inbound(config, bot=self._bot, pairing=self.pairing,
-                                outbound=self._outbound, media_dir=media_dir,
-                                commands=self._commands, token=self._token)
+        self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
+                                rules=access_rules(config), media_dir=media_dir,
+                                max_media_bytes=config.max_media_bytes)
         self._me: User | None = None
         self._running = False
         self._stopped = False
         self._offset: int | None = None
-        self._store_failures: dict[int, int] = {}
         self._seen_updates: OrderedDict[int, None] = OrderedDict()
         self._tasks = TaskSet()
+        self._typing = Typing(NAME, self._tasks, place=lambda e: (e.chat_id, e.thread_id),
+                              show=self._show_typing, interval=config.typing_interval,
+                              clock=clock)
         self._poller: asyncio.Task[None] | None = None
-        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
-        self._busy: dict[tuple[str, str | None], int] = {}
         self._runner: web.AppRunner | None = None
         self._webhook_ok = False
         self._changed = asyncio.Condition()
         self._last_poll = clock()
         self.last_poll_ok: datetime | None = None
-        self.last_inbound: datetime | None = None
         self.watchdog_restarts = 0
         self.webhook_port: int | None = None
 
@@ -147,7 +143,7 @@ class TelegramChannel(StateWatch):
         if self._running:
             return
         self._stopped = False
-        self._redact_logs(True)
+        self._filter.cover(*_LOGGERS_WITH_URLS)
         await self.pairing.setup()
         await self._sent.setup()
         try:
@@ -179,7 +175,6 @@ class TelegramChannel(StateWatch):
         self._running = False
         await self._tasks.cancel_all()
         self._typing.clear()
-        self._busy.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -191,7 +186,7 @@ class TelegramChannel(StateWatch):
             except (TelegramError, TimeoutError) as exc:
                 _log.info("telegram: could not confirm offset on stop: %s", self._redact(str(exc)))
         await self._close_bot()
-        self._redact_logs(False)
+        self._filter.cover(*_LOGGERS_WITH_URLS, on=False)
         async with self._changed:
             self._changed.notify_all()
 
@@ -200,14 +195,6 @@ class TelegramChannel(StateWatch):
             await self._bot.shutdown()
         except Exception:
             _log.exception("telegram: bot shutdown failed")
-
-    def _redact_logs(self, on: bool) -> None:
-        """Filter the loggers that print request URLs (PTB's, httpx's): the token is in them."""
-        names = {*_LOGGERS_WITH_URLS, *(n for n in logging.Logger.manager.loggerDict
-                                        if n.startswith(_LOGGERS_WITH_URLS))}
-        for name in names:
-            logger = logging.getLogger(name)
-            (logger.addFilter if on else logger.removeFilter)(self._filter)
 
     def _redact(self, text: str) -> str:
         return redact(text, (self._token,))
@@ -220,9 +207,9 @@ class TelegramChannel(StateWatch):
                                                  (not polling and not self._webhook_ok)))
         detail: dict[str, object] = {
             "mode": self.config.mode, "bot": f"@{self._me.username}" if self._me else None,
-            "degraded": degraded, "last_poll_ok": _iso(self.last_poll_ok),
-            "last_inbound": _iso(self.last_inbound),
-            "last_send_ok": _iso(self._outbound.last_send_ok),
+            "degraded": degraded, "last_poll_ok": iso(self.last_poll_ok),
+            "last_inbound": iso(self._inbound.last_inbound),
+            "last_send_ok": iso(self._outbound.last_send_ok),
             "watchdog_restarts": self.watchdog_restarts, "offset": self._offset}
         return ChannelStatus(running=self._running and not stale, detail=detail)
 
@@ -265,32 +252,17 @@ class TelegramChannel(StateWatch):
                 self._last_poll = self._clock()
                 self.last_poll_ok = utcnow()
                 await self._notify()
-                if not await self._process(updates):
-                    await asyncio.sleep(backoff.next())
+                await self._process(updates)
         finally:
             await bot.shutdown()
 
-    async def _process(self, updates: tuple[Update, ...]) -> bool:
-        """Handle updates in order, advancing the offset past each one stored or skipped."""
+    async def _process(self, updates: tuple[Update, ...]) -> None:
+        """Handle updates in order, advancing the offset past each one handled; while stopping,
+        the rest stays unconfirmed for the next start."""
         for update in updates:
-            if self._bus.closed:
-                return True  # stopping: the rest stays unconfirmed for the next start
-            try:
-                await self._handle_update(update)
-            except BusClosed:
-                return True
-            except _NotStored as exc:
-                tries = self._store_failures[update.update_id] = \
-                    self._store_failures.get(update.update_id, 0) + 1
-                if tries < MAX_STORE_ATTEMPTS:
-                    _log.warning("telegram: update %d not stored (%s); fetching it again",
-                                 update.update_id, exc)
-                    return False
-                _log.error("telegram: update %d dropped after %d failed attempts to store it",
-                           update.update_id, tries)
-            self._store_failures.pop(update.update_id, None)
+            if self._bus.closed or not await self._handle_update(update):
+                return
             self._offset = update.update_id + 1
-        return True
 
     async def _watchdog(self) -> None:
         interval = min(5.0, self.config.watchdog / 4)
@@ -353,9 +325,7 @@ class TelegramChannel(StateWatch):
             return web.Response(status=400)
         if update.update_id in self._seen_updates:
             return web.Response()
-        try:
-            await self._handle_update(update)
-        except (BusClosed, _NotStored):
+        if not await self._handle_update(update):
             return web.Response(status=503)
         self._seen_updates[update.update_id] = None
         while len(self._seen_updates) > 10_000:
@@ -364,27 +334,17 @@ class TelegramChannel(StateWatch):
 
     # --- inbound --------------------------------------------------------------------------------
 
-    async def _handle_update(self, update: Update) -> None:
-        """Prepare and publish one update; raises ``_NotStored`` when publishing failed."""
+    async def _handle_update(self, update: Update) -> bool:
+        """Hand one update to the shared pipeline; False while stopping (not confirmed)."""
         message, me = update.message, self._me
         if message is None or me is None:
-            return
-        try:
-            ready = await self._inbound.prepare(message, me)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # our bug, or a message we cannot read: skip it, do not loop on it
-            _log.exception("telegram: could not handle update %d", update.update_id)
-            return
-        for msg in ready:
-            try:
-                await self._bus.publish_inbound(msg)
-            except (BusClosed, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                raise _NotStored(f"{type(exc).__name__}: {exc}") from exc
-        if ready:
-            self.last_inbound = utcnow()
+            return True
+        return await self._inbound.take(self._incoming(message, me),
+                                        f"update {update.update_id}")
+
+    async def _incoming(self, message: Message, me: User) -> Incoming | None:
+        return incoming(message, bot_id=me.id, bot_username=me.username or "",
+                        commands=self._addressed_by)
 
     # --- outbound -------------------------------------------------------------------------------
 
@@ -395,38 +355,20 @@ class TelegramChannel(StateWatch):
 
     def activity(self, event: ChatActivity) -> None:
         """While a chat's turn runs, show "typing…" (Telegram shows it for ~5 s per action)."""
-        if not self._running or event.channel != NAME:
-            return
-        key = (event.chat_id, event.thread_id)
-        count = self._busy.get(key, 0) + (1 if event.busy else -1)
-        if count > 0:
-            self._busy[key] = count
-            if key not in self._typing:
-                self._typing[key] = self._tasks.spawn(self._keep_typing(*key),
-                                                      f"telegram-typing:{event.chat_id}")
-            return
-        self._busy.pop(key, None)
-        task = self._typing.pop(key, None)
-        if task is not None:
-            task.cancel()
+        if self._running and event.channel == NAME:
+            self._typing.activity(event)
 
-    async def _keep_typing(self, chat_id: str, thread_id: str | None) -> None:
-        deadline = self._clock() + MAX_TYPING_SECONDS
+    async def _show_typing(self, place: tuple[str, str | None]) -> float | None:
+        chat_id, thread_id = place
         thread = int(thread_id) if thread_id and thread_id.isdigit() else None
         try:
-            while self._clock() < deadline:
-                try:
-                    await self._bot.send_chat_action(chat_id=chat_id, action=ChatAction.TYPING,
-                                                     message_thread_id=thread)
-                except RetryAfter as exc:
-                    await asyncio.sleep(retry_seconds(exc))
-                    continue
-                except TelegramError as exc:
-                    _log.debug("telegram: typing action failed: %s", self._redact(exc.message))
-                await asyncio.sleep(self.config.typing_interval)
-        finally:
-            if self._typing.get((chat_id, thread_id)) is asyncio.current_task():
-                del self._typing[(chat_id, thread_id)]
+            await self._bot.send_chat_action(chat_id=chat_id, action=ChatAction.TYPING,
+                                             message_thread_id=thread)
+        except RetryAfter as exc:
+            return retry_seconds(exc)
+        except TelegramError as exc:
+            _log.debug("telegram: typing action failed: %s", self._redact(exc.message))
+        return None
 
 
 def create(deps: ChannelDeps) -> TelegramChannel:

@@ -24,11 +24,13 @@ from telegram.error import (
     TelegramError,
 )
 
+from channels.access import AccessRules
 from channels.chunking import chunk_markdown, utf16_len
-from channels.common import SecretFilter as SecretFilter  # re-exported
 from channels.common import redact
 from channels.format import html_visible_text, to_plain_text, to_telegram_html
-from gateway.kernel.events import ChatType, InboundMessage, Media, MediaKind
+from channels.incoming import Attachment, Incoming, Sender, Wording, human_size
+from gateway.kernel.config import TelegramChannelConfig
+from gateway.kernel.events import ChatType, Media, MediaKind
 from gateway.kernel.values import Delivery
 
 # Time periods as timedelta (PTB's future default): with ints, building a RetryAfter warns
@@ -172,45 +174,39 @@ def message_text(message: Message, *, bot_id: int, bot_username: str) -> str:
 
 # --- media in -------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class MediaRef:
-    """A file attached to a message, before it is downloaded."""
-
-    kind: MediaKind
-    file_id: str
-    size: int | None
-    mime: str | None
-    label: str
-    name: str | None = None
-
-
-def media_ref(message: Message) -> MediaRef | None:
-    """The message's file: the largest photo size, or its document, voice, audio or video."""
+def media_ref(message: Message) -> Attachment | None:
+    """The message's file (Telegram carries at most one): the largest photo size, or its
+    document, voice, audio or video."""
     if message.photo:
         best = max(message.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
-        return MediaRef("image", best.file_id, best.file_size, "image/jpeg", "photo")
+        return _file(best.file_id, "image", best.file_size, "image/jpeg", "photo")
     if message.voice is not None:
         v = message.voice
-        return MediaRef("audio", v.file_id, v.file_size, v.mime_type or "audio/ogg",
-                        "voice message")
+        return _file(v.file_id, "audio", v.file_size, v.mime_type or "audio/ogg",
+                     "voice message")
     if message.audio is not None:
         a = message.audio
-        return MediaRef("audio", a.file_id, a.file_size, a.mime_type, "audio file", a.file_name)
+        return _file(a.file_id, "audio", a.file_size, a.mime_type, "audio file", a.file_name)
     if message.video is not None:
         v2 = message.video
-        return MediaRef("video", v2.file_id, v2.file_size, v2.mime_type, "video", v2.file_name)
+        return _file(v2.file_id, "video", v2.file_size, v2.mime_type, "video", v2.file_name)
     if message.video_note is not None:
         n = message.video_note
-        return MediaRef("video", n.file_id, n.file_size, "video/mp4", "video message")
+        return _file(n.file_id, "video", n.file_size, "video/mp4", "video message")
     if message.animation is not None:
         g = message.animation
-        return MediaRef("video", g.file_id, g.file_size, g.mime_type, "animation", g.file_name)
+        return _file(g.file_id, "video", g.file_size, g.mime_type, "animation", g.file_name)
     if message.document is not None:
         d = message.document
         mime = d.mime_type or (mimetypes.guess_type(d.file_name)[0] if d.file_name else None)
         label = f'document "{d.file_name}"' if d.file_name else "document"
-        return MediaRef(media_kind(mime), d.file_id, d.file_size, mime, label, d.file_name)
+        return _file(d.file_id, media_kind(mime), d.file_size, mime, label, d.file_name)
     return None
+
+
+def _file(file_id: str, kind: MediaKind, size: int | None, mime: str | None, label: str,
+          name: str | None = None) -> Attachment:
+    return Attachment(source=file_id, kind=kind, size=size, mime=mime, label=label, name=name)
 
 
 def media_kind(mime: str | None) -> MediaKind:
@@ -221,50 +217,60 @@ def media_kind(mime: str | None) -> MediaKind:
 _SAFE_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 
 
-def file_suffix(ref: MediaRef, file_path: str | None) -> str:
+def file_suffix(att: Attachment, file_path: str | None) -> str:
     """A safe extension for the stored copy: from Telegram's path, the name, or the MIME type."""
-    for candidate in (file_path, ref.name):
+    for candidate in (file_path, att.name):
         if candidate:
             suffix = "." + candidate.rsplit(".", 1)[-1] if "." in candidate else ""
             if _SAFE_SUFFIX.fullmatch(suffix):
                 return suffix.lower()
-    return (mimetypes.guess_extension(ref.mime) if ref.mime else None) or ".bin"
+    return (mimetypes.guess_extension(att.mime) if att.mime else None) or ".bin"
 
 
-def human_size(size: int) -> str:
-    """``512 bytes``, ``2 KB``, ``20 MB``, ``25.3 MB``."""
-    if size < 1024:
-        return f"{size} bytes"
-    value, unit = (size / 1024, "KB") if size < 1024 * 1024 else (size / 1024 / 1024, "MB")
-    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+def too_big_reply(refused: Sequence[Attachment], limit: int) -> str:
+    what = ", ".join(a.label + (f" ({human_size(a.size)})" if a.size else "") for a in refused)
+    return f"Sorry, that {what} is too big for me: I can take files up to {human_size(limit)}."
 
 
-def too_big_note(ref: MediaRef, limit: int) -> str:
-    size = human_size(ref.size) if ref.size else "unknown size"
-    return (f"[The user attached a {ref.label} ({size}) that was not downloaded: it is over the "
-            f"{human_size(limit)} limit.]")
+WORDING = Wording(
+    title="Telegram", place="chat", command="{}", context_mark="[{label}]",
+    failed_note="[The user attached a {label} that could not be downloaded.]",
+    too_big_note="[The user attached a {label} ({size}) that was not downloaded: it is over "
+                 "the {limit} limit.]",
+    too_big_reply=too_big_reply)
 
 
-def too_big_reply(ref: MediaRef, limit: int) -> str:
-    size = f" ({human_size(ref.size)})" if ref.size else ""
-    return (f"Sorry, that {ref.label}{size} is too big for me: I can take files up to "
-            f"{human_size(limit)}.")
+# --- one message, for the shared pipeline ----------------------------------------------------
 
-
-def to_inbound(message: Message, *, text: str, media: tuple[Media, ...] = (),
-               mentioned: bool = False, context_only: bool = False) -> InboundMessage:
+def incoming(message: Message, *, bot_id: int, bot_username: str,
+             commands: Iterable[str]) -> Incoming | None:
+    """None for what no person said in a private chat or a group (a channel post)."""
     chat, user = message.chat, message.from_user
     kind = chat_type(chat)
     if user is None or kind is None:
-        raise ValueError("only messages from users in private chats and groups are translated")
+        return None
+    direct = kind == "direct"
+    ref = media_ref(message)
     replied = message.reply_to_message
-    return InboundMessage(
-        channel=NAME, chat_id=str(chat.id), sender_id=str(user.id),
-        sender_name=display_name(user), text=text, media=media,
-        message_id=str(message.message_id), thread_id=thread_of(message), chat_type=kind,
-        mentioned=mentioned, reply_to=str(replied.message_id) if replied else None,
-        received_at=message.date, kind="command" if text.startswith("/") else "user",
-        context_only=context_only)
+    return Incoming(
+        platform=NAME, id=str(message.message_id), where=str(chat.id), chat_id=str(chat.id),
+        thread_id=thread_of(message),
+        place_ids=(str(chat.id), *((f"@{chat.username}",) if chat.username else ())),
+        direct=direct,
+        sender=Sender(id=str(user.id), name=display_name(user), first_name=user.first_name,
+                      is_bot=user.is_bot, handle=user.username),
+        addressed=direct or addressing(message, bot_id=bot_id, bot_username=bot_username,
+                                       commands=commands).any,
+        text=message_text(message, bot_id=bot_id, bot_username=bot_username),
+        attachments=(ref,) if ref else (), reply_to=str(replied.message_id) if replied else None,
+        received_at=message.date)
+
+
+def access_rules(config: TelegramChannelConfig) -> AccessRules:
+    """``allow_groups`` opens a group to everyone in it; it does not confine the bot."""
+    return AccessRules.of(dm_policy=config.dm_policy, group_policy=config.group_policy,
+                          group_history=config.group_history, allow_from=config.allow_from,
+                          allow_places=config.allow_groups)
 
 
 # --- replies out --------------------------------------------------------------------------------

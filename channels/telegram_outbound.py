@@ -1,4 +1,5 @@
-"""Telegram output: replies cut into parts and sent in order, media, and channel notices.
+"""Telegram output: replies cut into parts and sent in order, media; and the two calls the
+shared inbound pipeline makes on Telegram (``PlatformIO``): notices and downloading a file.
 
 A reply is planned into parts (``plan_parts``: chunks of HTML, then media), and every part that
 Telegram accepted is recorded in ``SentParts`` before the next is sent. A retry of the same
@@ -11,21 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
 
-from telegram import Bot, Message, ReplyParameters
+from telegram import Bot, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
-from channels.common import Backoff as Backoff  # re-exported
+from channels.incoming import Attachment, DownloadFailed, Fetched, Incoming
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     MAX_UPLOAD_BYTES,
     MediaPart,
     Part,
-    chat_type,
+    file_suffix,
     is_group_chat_id,
     is_parse_error,
     map_errors,
@@ -33,8 +35,8 @@ from channels.telegram_convert import (
     plan_parts,
     redact,
     retry_seconds,
-    thread_of,
 )
+from gateway.kernel.backoff import Backoff
 from gateway.kernel.events import Media, OutboundMessage, utcnow
 from gateway.kernel.values import Delivery
 
@@ -117,16 +119,17 @@ class Outbound:
         sent = await bot.send_document(chat_id, data, filename=path.name, **where)
         return str(sent.message_id)
 
-    async def notice(self, message: Message, text: str) -> None:
-        """A plain message from the channel itself (pairing, refusals): best effort, 3 tries."""
-        thread = thread_of(message)
-        quote = ReplyParameters(message.message_id, allow_sending_without_reply=True) \
-            if chat_type(message.chat) == "group" else None
+    async def notice(self, inc: Incoming, text: str, *, reply: bool) -> None:
+        """A plain message from the channel itself (pairing, refusals): best effort, 3 tries.
+        Quotes ``inc`` only in groups, as replies do."""
+        quote = ReplyParameters(int(inc.id), allow_sending_without_reply=True) \
+            if reply and not inc.direct and inc.id.isdigit() else None
+        thread = int(inc.thread_id) if inc.thread_id and inc.thread_id.isdigit() else None
         backoff = Backoff()
         for _ in range(3):
             try:
-                await self._bot.send_message(message.chat.id, text, reply_parameters=quote,
-                                             message_thread_id=int(thread) if thread else None)
+                await self._bot.send_message(inc.where, text, reply_parameters=quote,
+                                             message_thread_id=thread)
                 return
             except RetryAfter as exc:
                 await asyncio.sleep(retry_seconds(exc))
@@ -136,6 +139,18 @@ class Outbound:
             except TelegramError as exc:
                 _log.warning("telegram: notice failed: %s", redact(exc.message, self._secrets))
                 await asyncio.sleep(backoff.next())
+
+    async def fetch(self, inc: Incoming, index: int, att: Attachment,
+                    limit: int) -> Fetched | None:
+        """getFile, then the download; None when Telegram's size is over ``limit``."""
+        try:
+            file = await self._bot.get_file(att.source)
+            if (file.file_size or 0) > limit:
+                return None
+            data = await file.download_as_bytearray()
+        except TelegramError as exc:
+            raise DownloadFailed(redact(exc.message, self._secrets)) from exc
+        return Fetched(bytes(data), f"{uuid.uuid4().hex}{file_suffix(att, file.file_path)}")
 
 
 def _file_size(path: Path) -> int | None:

@@ -13,7 +13,7 @@ import logging
 from rich.console import Console
 from rich.markdown import Markdown
 
-from channels.base import ChannelStatus
+from channels.base import ChannelBase, ChannelStatus
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import TerminalChannelConfig
 from gateway.kernel.events import InboundMessage, OutboundMessage
@@ -25,7 +25,7 @@ FINAL_KINDS = frozenset({"reply", "error", "notice"})
 EXIT_WORDS = frozenset({"/exit", "/quit", ":q", "exit", "quit"})
 
 
-class TerminalChannel:
+class TerminalChannel(ChannelBase):
     name = "terminal"
     hints = ChannelHints(markup="Markdown (rendered in a terminal)",
                          etiquette="One person at a keyboard; keep answers readable in a "

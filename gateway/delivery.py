@@ -3,9 +3,10 @@
 Every message (but progress lines) is in the outbox before it gets here. Each chat has its own
 ordered worker, so a slow or failing chat never delays another chat, let alone another
 channel. A failed send is retried with jittered exponential backoff (a channel's
-``retry_after`` wins) until it is delivered, refused for good, or older than its TTL; then it
-is dead-lettered. On start, undelivered messages from the last run are sent first; a
-delivered one is never sent again.
+``retry_after`` wins) until it is delivered, refused for good, or out of time; then it is
+dead-lettered. On start, undelivered messages from the last run are sent first; a delivered
+one is never sent again. ``deliver_now`` (the message tool) takes the same path with a short
+deadline and a few tries, and returns what happened.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from channels.base import Channel
 from gateway.kernel.backoff import BackoffPolicy
@@ -43,7 +44,25 @@ class _Job:
     msg: OutboundMessage
     attempts: int = 0
     expires_at: datetime | None = None
+    """No try starts after this (the reply's TTL, or ``deliver_now``'s deadline)."""
     durable: bool = True
+    """In the outbox: every result recorded, retried, dead-lettered. Progress lines are not."""
+    max_attempts: int | None = None
+    within: float | None = None
+    """``deliver_now``'s caller waits this long at most: a send may not run past
+    ``expires_at`` either."""
+
+    def exhausted(self, delay: float) -> bool:
+        """Out of tries, or would the next one, ``delay`` seconds from now, come too late?"""
+        if self.max_attempts is not None and self.attempts >= self.max_attempts:
+            return True
+        return self.expires_at is not None and \
+            utcnow() + timedelta(seconds=delay) >= self.expires_at
+
+    def time_left(self) -> float | None:
+        if self.within is None or self.expires_at is None:
+            return None
+        return max(0.0, (self.expires_at - utcnow()).total_seconds())
 
 
 class ChannelManager:
@@ -72,10 +91,10 @@ class ChannelManager:
         return channel.hints if channel else ChannelHints()
 
     def _activity(self, event: ChatActivity) -> None:
-        """Forward to the channel's optional ``activity(event)`` (typing indicators)."""
-        hook = getattr(self.channels.get(event.channel), "activity", None)
-        if hook is not None:
-            hook(event)
+        """Forward to the chat's channel (typing indicators)."""
+        channel = self.channels.get(event.channel)
+        if channel is not None:
+            channel.activity(event)
 
     async def start_channels(self) -> None:
         started: list[Channel] = []
@@ -151,7 +170,7 @@ class ChannelManager:
                                      f"no channel {msg.channel!r} is running")
                 elif msg.kind != "progress":
                     self._enqueue(_Job(msg, expires_at=self.bus.expires_at(msg)))
-                elif getattr(channel, "wants_progress", False):
+                elif channel.wants_progress:
                     self._enqueue(_Job(msg, durable=False))  # shown live, never retried
             finally:
                 self.bus.outbound_done()
@@ -193,39 +212,43 @@ class ChannelManager:
 
     # one message ---------------------------------------------------------------------------
 
-    async def _deliver(self, job: _Job) -> None:
+    async def deliver_now(self, msg: OutboundMessage, *, attempts: int = 3,
+                          within: float = 15.0) -> Delivery:
+        """Send ``msg`` at once and return what happened, for a caller that must report it
+        (the message tool). Stored in the outbox first; a few quick tries within ``within``
+        seconds, then dead-lettered, so it is never sent later behind the caller's back."""
+        if self.store is not None:
+            await self.store.outbox_add(msg, self.bus.expires_at(msg))
+        return await self._deliver(_Job(msg, expires_at=utcnow() + timedelta(seconds=within),
+                                        max_attempts=attempts, within=within))
+
+    async def _deliver(self, job: _Job) -> Delivery:
+        """The one path every message takes: send, count, record, back off, retry or give up."""
         channel = self.channels.get(job.msg.channel)
         if channel is None:
-            await self._dead(job, f"no channel {job.msg.channel!r} is running")
-            return
+            error = f"no channel {job.msg.channel!r} is running"
+            await self._dead(job, error)
+            return Delivery(ok=False, error=error, permanent=True)
         stats = self.stats[channel.name]
         while True:
             job.attempts += 1
-            try:
-                delivery = await channel.send(job.msg)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                _log.exception("channel %s raised while sending", channel.name)
-                delivery = Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")
+            delivery = await self._try(channel, job)
             if delivery.ok:
                 stats.sent += 1
                 stats.last_send_ok = utcnow()
                 if job.durable and self.store is not None:
                     await self.store.outbox_result(job.msg.idempotency_key, delivered=True,
                                                    attempts=job.attempts)
-                return
+                return delivery
             stats.failed_tries += 1
             error = delivery.error or "failed"
             stats.recent_errors.append(f"{utcnow():%H:%M:%S} {job.msg.chat_id}: {error}")
             if not job.durable:
-                return
+                return delivery
             delay = self._backoff(job.attempts, delivery.retry_after)
-            if delivery.permanent or (job.expires_at is not None and
-                                      (utcnow().timestamp() + delay) >
-                                      job.expires_at.timestamp()):
+            if delivery.permanent or job.exhausted(delay):
                 await self._dead(job, error)
-                return
+                return delivery
             if self.store is not None:
                 await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
                                                attempts=job.attempts, error=error)
@@ -233,49 +256,19 @@ class ChannelManager:
                          channel.name, job.msg.chat_id, error, job.attempts, delay)
             await asyncio.sleep(delay)
 
-    async def deliver_now(self, msg: OutboundMessage, *, attempts: int = 3,
-                          within: float = 15.0) -> Delivery:
-        """Send ``msg`` at once and return what happened, for a caller that must report it
-        (the message tool). Stored in the outbox first; a few quick tries within ``within``
-        seconds, then dead-lettered, so it is never sent later behind the caller's back."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        if self.store is not None:
-            await self.store.outbox_add(msg, self.bus.expires_at(msg))
-        job = _Job(msg)
-        channel = self.channels.get(msg.channel)
-        if channel is None:
-            delivery = Delivery(ok=False, error=f"no channel {msg.channel!r} is running",
-                                permanent=True)
-        while channel is not None:
-            job.attempts += 1
-            try:
-                delivery = await asyncio.wait_for(channel.send(msg), deadline - loop.time())
-            except asyncio.CancelledError:
-                raise
-            except TimeoutError:
-                delivery = Delivery(ok=False, error=f"no answer from {channel.name} within "
-                                                    f"{within:g}s")
-            except Exception as exc:
-                _log.exception("channel %s raised while sending", channel.name)
-                delivery = Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")
-            stats = self.stats[channel.name]
-            if delivery.ok:
-                stats.sent += 1
-                stats.last_send_ok = utcnow()
-                if self.store is not None:
-                    await self.store.outbox_result(msg.idempotency_key, delivered=True,
-                                                   attempts=job.attempts)
-                return delivery
-            stats.failed_tries += 1
-            stats.recent_errors.append(f"{utcnow():%H:%M:%S} {msg.chat_id}: {delivery.error}")
-            delay = self._backoff(job.attempts, delivery.retry_after)
-            if delivery.permanent or job.attempts >= attempts or \
-                    loop.time() + delay >= deadline:
-                break
-            await asyncio.sleep(delay)
-        await self._dead(job, delivery.error or "failed")
-        return delivery
+    async def _try(self, channel: Channel, job: _Job) -> Delivery:
+        """One send; what it raised, or its running out of time, as a failed ``Delivery``."""
+        limit = job.time_left()
+        try:
+            async with asyncio.timeout(limit) as timer:
+                return await channel.send(job.msg)
+        except TimeoutError as exc:
+            if timer.expired():
+                return Delivery(ok=False, error=f"no answer from {channel.name} within "
+                                                f"{job.within:g}s")
+            return _raised(channel, exc)
+        except Exception as exc:
+            return _raised(channel, exc)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         return BackoffPolicy(self.config.backoff, self.config.max_backoff,
@@ -300,3 +293,8 @@ class ChannelManager:
     @property
     def failed(self) -> int:
         return sum(s.dead for s in self.stats.values())
+
+
+def _raised(channel: Channel, exc: Exception) -> Delivery:
+    _log.exception("channel %s raised while sending", channel.name)
+    return Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")

@@ -1,5 +1,6 @@
-"""The Discord channel: pure translation rules and access, then the adapter against the fake
-Discord (the real discord.py talking to ``tests/fakes/discord_server.py``)."""
+"""The Discord channel: pure translation rules, then the adapter against the fake Discord (the
+real discord.py talking to ``tests/fakes/discord_server.py``). Who is served is the shared
+policy's, tested in ``test_access``."""
 
 from __future__ import annotations
 
@@ -15,30 +16,29 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels.common import SecretFilter
 from channels.discord import DiscordChannel, DiscordChannelError
-from channels.discord_access import Access
 from channels.discord_convert import (
-    AttachmentRef,
     FilePart,
-    Incoming,
-    SecretFilter,
+    Post,
     TextPart,
     addressing,
     allowed_mentions,
+    attachment,
     discord,
+    incoming,
     map_errors,
     message_text,
     nonce_for,
     place_of,
     plan_parts,
     stored_name,
-    to_inbound,
     too_big_reply,
 )
+from channels.incoming import Incoming, to_inbound
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import ConfigError, DiscordChannelConfig, parse_config
 from gateway.kernel.events import Media, OutboundMessage
-from gateway.kernel.pairing import PairingStore
 from gateway.kernel.store import Store
 from tests.fakes.discord_server import BOT_ID, TOKEN, FakeDiscord
 
@@ -49,28 +49,35 @@ BOT_ROLE = "320000000000005001"
 WHEN = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def inc(content: str = "hello", **extra: Any) -> Incoming:
+def inc(content: str = "hello", **extra: Any) -> Post:
     """A server message from Ada in #general, unless told otherwise."""
     data: dict[str, Any] = {"id": "360000000000000001", "channel_id": GENERAL,
                             "guild_id": GUILD, "parent_id": None, "author_id": ADA,
                             "author_name": "Ada", "author_is_bot": False, "content": content,
                             "created_at": WHEN}
     data.update(extra)
-    return Incoming(**data)
+    return Post(**data)
 
 
-def dm(content: str = "hello", **extra: Any) -> Incoming:
+def dm(content: str = "hello", **extra: Any) -> Post:
     return inc(content, channel_id="370000000000000001", guild_id=None, **extra)
+
+
+def converted(post: Post) -> Incoming:
+    """What the shared pipeline gets for ``post``."""
+    found = incoming(post, bot_id=BOT)
+    assert found is not None
+    return found
 
 
 # --- translation ----------------------------------------------------------------------------
 
 def test_places_and_session_keys() -> None:
     assert place_of(dm()).chat_type == "direct"
-    assert to_inbound(dm(), text="x").session_key == "discord:370000000000000001"
-    assert to_inbound(inc(), text="x").session_key == f"discord:{GENERAL}"
+    assert to_inbound(converted(dm()), text="x").session_key == "discord:370000000000000001"
+    assert to_inbound(converted(inc()), text="x").session_key == f"discord:{GENERAL}"
     in_thread = inc(channel_id=THREAD, parent_id=GENERAL)
-    msg = to_inbound(in_thread, text="x")
+    msg = to_inbound(converted(in_thread), text="x")
     assert (msg.chat_id, msg.thread_id, msg.chat_type) == (GENERAL, THREAD, "group")
     assert msg.session_key == f"discord:{GENERAL}:{THREAD}"
 
@@ -84,7 +91,7 @@ def test_places_and_session_keys() -> None:
     (inc("sure", reply_to="1", reply_author_id=BOT, author_is_bot=True), False, False),
     (inc("@everyone hi"), False, False),
 ])
-def test_who_addressed_the_bot(message: Incoming, mention: bool, reply: bool) -> None:
+def test_who_addressed_the_bot(message: Post, mention: bool, reply: bool) -> None:
     found = addressing(message, bot_id=BOT, bot_roles=(BOT_ROLE,))
     assert (found.mention, found.reply) == (mention, reply)
 
@@ -99,9 +106,9 @@ def test_what_the_agent_reads() -> None:
     assert message_text(replying, bot_id=BOT) == \
         '[Replying to you: "Use a mutex."]\nwhat does this mean?'
     command = inc(f"<@{BOT}> /status", reply_to="5", reply_text="x")
-    msg = to_inbound(command, text=message_text(command, bot_id=BOT))
+    msg = to_inbound(converted(command), text=message_text(command, bot_id=BOT))
     assert msg.text == "/status" and msg.kind == "command"
-    context = to_inbound(inc(), text="hello", context_only=True)
+    context = to_inbound(converted(inc()), text="hello", context_only=True)
     assert context.context_only and context.sender_name == "Ada"
 
 
@@ -152,7 +159,7 @@ def test_errors_map_to_what_the_outbox_does(exc: Exception, retry_after: float |
 def test_files_and_refusals() -> None:
     assert stored_name("9", 0, "../../etc/pass wd") == "9-0-etc_pass_wd"
     assert stored_name("9", 1, "..") == "9-1-file"
-    big = AttachmentRef("1", "film.mp4", 30 * 1024 * 1024, "video/mp4", "u")
+    big = attachment("film.mp4", 30 * 1024 * 1024, "video/mp4", "u")
     assert too_big_reply([big], 25 * 1024 * 1024) == (
         "Sorry, that file is too big for me: film.mp4 (30 MB). I can take files up to 25 MB.")
 
@@ -182,8 +189,6 @@ def test_config_rules() -> None:
     assert config.max_media_bytes == 25 * 1024 * 1024 and config.dm_policy == "pairing"
 
 
-# --- access -----------------------------------------------------------------------------------
-
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
     opened = await Store.open(tmp_path / "parley.db")
@@ -191,43 +196,6 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
         yield opened
     finally:
         await opened.close()
-
-
-def access(store: Store, **settings: Any) -> Access:
-    config = DiscordChannelConfig(**{"allow_from": [ADA], **settings})
-    return Access(config, PairingStore(store))
-
-
-async def test_direct_messages_follow_dm_policy(store: Store) -> None:
-    pairing = access(store)
-    assert await pairing.direct(ADA) == "serve"
-    assert await pairing.direct(BOB) == "pair"
-    code = await pairing.pairing.request("discord", BOB)
-    await pairing.pairing.approve("discord", code.code)
-    assert await pairing.direct(BOB) == "serve"  # approved: no restart
-    assert await access(store, dm_policy="allowlist").direct("1") == "ignore"
-    assert await access(store, dm_policy="open").direct("1") == "serve"
-    assert await access(store, dm_policy="disabled").direct(ADA) == "ignore"
-
-
-async def test_servers_follow_group_policy_and_places(store: Store) -> None:
-    default = access(store)
-    assert await default.guild(inc(), addressed=True) == "serve"
-    assert await default.guild(inc(author_id=BOB), addressed=True) == "context"  # stranger
-    assert await default.guild(inc(), addressed=False) == "context"
-    assert await access(store, group_history=0).guild(inc(), addressed=False) == "ignore"
-    listed = access(store, allow_channels=[GENERAL])
-    thread = inc(author_id=BOB, channel_id=THREAD, parent_id=GENERAL)
-    assert await listed.guild(thread, addressed=True) == "serve"  # anyone, threads included
-    assert await listed.guild(inc(channel_id="1"), addressed=True) == "ignore"
-    assert await access(store, allow_guilds=["1"]).guild(inc(), addressed=True) == "ignore"
-    everyone = access(store, group_policy="open", allow_guilds=[GUILD])
-    assert await everyone.guild(inc(author_id=BOB), addressed=False) == "serve"
-    robot = inc(author_id="5", author_is_bot=True)
-    assert await everyone.guild(robot, addressed=False) == "context"  # never to every bot line
-    assert await everyone.guild(robot, addressed=True) == "serve"
-    assert await access(store, group_policy="disabled").guild(inc(), addressed=True) == \
-        "ignore"
 
 
 # --- the adapter against the fake Discord --------------------------------------------------

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import yaml
 
-from channels.base import ChannelStatus
+from channels.base import ChannelBase, ChannelStatus
 from gateway.app import Gateway
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.values import ChannelHints, Delivery
@@ -29,7 +29,7 @@ from tests.fakes.openai_server import ScriptedLLM
 PARLEY = str(Path(sys.executable).parent / "parley")
 
 
-class ScriptedChannel:
+class ScriptedChannel(ChannelBase):
     """A chat platform on a leash: ``results`` are returned by ``send`` in order (then ok);
     ``gate`` makes every send wait until it is set."""
 

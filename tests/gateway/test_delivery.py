@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -82,3 +83,12 @@ async def test_a_channel_that_is_not_running(manager: ChannelManager) -> None:
     delivery = await manager.deliver_now(m)
     assert not delivery.ok and "no channel 'discord'" in (delivery.error or "")
     assert (await status(manager, m))[0] == "dead"
+
+
+async def test_a_send_that_hangs_is_cut_off_at_the_deadline(manager: ChannelManager) -> None:
+    platform(manager).gate = asyncio.Event()  # never set: the platform never answers
+    m = msg()
+    delivery = await manager.deliver_now(m, within=0.2)
+    assert (delivery.ok, delivery.error) == (False, "no answer from platform within 0.2s")
+    assert platform(manager).tries == 1  # no time was left for another try
+    assert await status(manager, m) == ("dead", 1, "no answer from platform within 0.2s")
