@@ -1,9 +1,10 @@
 """Context build time and prompt tokens by stored session size (item 4), in-process.
 
-Sessions of 10, 1,000 and 10,000 stored messages are written through ``gateway.store.Store``
-into a fresh database; then each iteration does what ``AgentLoop._turn`` does before calling
-the model: ``Store.recent_messages(session, max_recent_messages)`` and ``ContextBuilder.build``,
-with the config ``parley onboard`` writes, the default workspace and the default tools.
+Sessions of 10, 1,000 and 10,000 stored messages are written through
+``gateway.kernel.store.Store`` into a fresh database; then each iteration does what a turn
+(``agent/turn_flow.py``) does before calling the model:
+``Store.recent_messages(session, max_recent_messages)`` and ``ContextBuilder.build``, with
+the config ``parley onboard`` writes, the default workspace and the default tools.
 
 The history is a plausible chat: a short question and a longer answer per turn, and every
 fifth turn a ``read_file`` call with a ~1,500-character result.

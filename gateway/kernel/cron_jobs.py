@@ -81,7 +81,7 @@ def task_message_id(job_id: str, run_at: datetime) -> str:
 
 
 def task_key_prefix(job_id: str, run_at: datetime) -> str:
-    """What the outbox keys of a task run's answers start with (see ``AgentLoop._outbound``)."""
+    """What the outbox keys of a task run's answers start with (see ``agent.replies.outbound``)."""
     return f"{CRON_CHANNEL}:{job_id}:{task_message_id(job_id, run_at)}:"
 
 
