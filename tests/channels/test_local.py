@@ -23,34 +23,9 @@ from channels.local import (
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import InboundMessage, OutboundMessage
+from tests.channels.conftest import make_channel
 
 TOKEN = "s3cret-token-value"
-
-
-def make_channel(tmp_path: Path, bus: MessageBus, **config: Any) -> LocalChannel:
-    settings: dict[str, Any] = {"port": 0, "max_text_chars": 1000, "max_media_bytes": 1024}
-    settings.update(config)
-    return LocalChannel(LocalChannelConfig(**settings), bus, media_dir=tmp_path / "media",
-                        health=lambda: {"gateway": "up", "sessions": 3})
-
-
-@pytest.fixture
-def bus() -> MessageBus:
-    return MessageBus()
-
-
-@pytest.fixture
-async def channel(tmp_path: Path, bus: MessageBus) -> AsyncIterator[LocalChannel]:
-    ch = make_channel(tmp_path, bus)
-    await ch.start()
-    yield ch
-    await ch.stop()
-
-
-@pytest.fixture
-async def http(channel: LocalChannel) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(base_url=channel.base_url) as session:
-        yield session
 
 
 async def next_inbound(bus: MessageBus) -> InboundMessage:

@@ -3,13 +3,13 @@ their own chat only, idempotent sends, bounded memory, ``ask`` and a stop that w
 poll.
 
 Split from ``test_local.py`` (what a POST may carry, the token, health and errors); its
-``make_channel`` and ``reply`` are shared, and the three small fixtures are repeated here.
+``reply`` is shared, and the channel fixtures are in ``conftest.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +19,8 @@ import pytest
 from channels.local import MAX_RECORDS_PER_CHAT, LocalChannel, parse_poll_query
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import LocalChannelConfig
-from tests.channels.test_local import make_channel, reply
-
-
-@pytest.fixture
-def bus() -> MessageBus:
-    return MessageBus()
-
-
-@pytest.fixture
-async def channel(tmp_path: Path, bus: MessageBus) -> AsyncIterator[LocalChannel]:
-    ch = make_channel(tmp_path, bus)
-    await ch.start()
-    yield ch
-    await ch.stop()
-
-
-@pytest.fixture
-async def http(channel: LocalChannel) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(base_url=channel.base_url) as session:
-        yield session
+from tests.channels.conftest import make_channel
+from tests.channels.test_local import reply
 
 
 def waiting_spy(channel: LocalChannel, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:

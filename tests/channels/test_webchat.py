@@ -6,36 +6,22 @@ Gateway with the scripted model. Access rules (origin, host, token) are in
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
 from gateway.app import Gateway
-from tests.channels.webchat_page import CHAT, OTHER, PNG, Page, channel_of, is_type
-from tests.conftest import MakeConfig
+from tests.channels.webchat_page import (
+    CHAT,
+    OTHER,
+    PNG,
+    Page,
+    channel_of,
+    is_type,
+)
 from tests.fakes.openai_server import ScriptedLLM
-
-
-@pytest.fixture
-def webchat_config(make_config: MakeConfig) -> Callable[..., Any]:
-    def make(**webchat: Any) -> Any:
-        return make_config(channels={"webchat": {"enabled": True, "port": 0, **webchat}})
-    return make
-
-
-@pytest.fixture
-async def gw(webchat_config: Callable[..., Any]) -> AsyncIterator[Gateway]:
-    async with Gateway(webchat_config(), grace=2.0) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-async def page(gw: Gateway) -> AsyncIterator[Page]:
-    async with aiohttp.ClientSession() as http:
-        yield Page(http, str(channel_of(gw).base_url))
-
 
 # --- the page ---------------------------------------------------------------------------------
 

@@ -2,55 +2,30 @@
 the token on every route but the page (never logged), and the refusal to listen beyond
 loopback without one.
 
-Split from ``test_webchat.py``, with the page helpers of ``webchat_page.py``; the
-small fixtures are repeated here.
+Split from ``test_webchat.py``; the page helpers and the gateway fixtures are in
+``webchat_page.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from channels.webchat import CLOSE_UNAUTHORIZED, WebchatChannel, WebchatError
 from channels.webchat_frames import host_allowed, origin_allowed
-from gateway.app import Gateway
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import ConfigError, WebchatChannelConfig, parse_config
 from gateway.kernel.store import Store
-from tests.channels.webchat_page import CHAT, TOKEN, Page, bare_channel, channel_of
-from tests.conftest import MakeConfig
-
-
-@pytest.fixture
-def webchat_config(make_config: MakeConfig) -> Callable[..., Any]:
-    def make(**webchat: Any) -> Any:
-        return make_config(channels={"webchat": {"enabled": True, "port": 0, **webchat}})
-    return make
-
-
-@pytest.fixture
-async def gw(webchat_config: Callable[..., Any]) -> AsyncIterator[Gateway]:
-    async with Gateway(webchat_config(), grace=2.0) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-async def page(gw: Gateway) -> AsyncIterator[Page]:
-    async with aiohttp.ClientSession() as http:
-        yield Page(http, str(channel_of(gw).base_url))
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    db = await Store.open(tmp_path / "db" / "parley.db")
-    yield db
-    await db.close()
+from tests.channels.webchat_page import (
+    CHAT,
+    TOKEN,
+    Page,
+    bare_channel,
+)
 
 
 async def test_socket_from_another_origin_is_refused(page: Page) -> None:

@@ -3,13 +3,12 @@ were closed, paging, typing and progress to every page of a chat, a closed bus, 
 published again after a refusal, and a stop that leaves no task; plus its pure helpers.
 
 Split from ``test_webchat.py``; the page helpers are in ``webchat_page.py``, the ``store``
-fixture is repeated here.
+fixture in ``conftest.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ from tests.channels.webchat_page import (
     bare_channel,
     is_type,
 )
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    db = await Store.open(tmp_path / "db" / "parley.db")
-    yield db
-    await db.close()
 
 
 def reply(chat_id: str, text: str, **kw: Any) -> OutboundMessage:

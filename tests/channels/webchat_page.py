@@ -1,7 +1,7 @@
 """What a browser page does to WebChat, for the WebChat tests: a socket (``Conn``) that reads
 until the frame a test waits for, history over HTTP (``Page``), and a bare channel on a real
 bus and store. Not a test module: ``test_webchat``, ``test_webchat_access`` and
-``test_webchat_channel`` share it.
+``test_webchat_channel`` share it, and the fixtures of a whole gateway with WebChat on.
 """
 
 from __future__ import annotations
@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.store import Store
+from tests.conftest import MakeConfig
 
 CHAT = "chat-0001-aaaa"
 OTHER = "chat-0002-bbbb"
@@ -100,3 +102,22 @@ async def bare_channel(store: Store, tmp_path: Path, **config: Any) -> WebchatCh
                              media_dir=tmp_path / "media")
     await channel.start()
     return channel
+
+
+@pytest.fixture
+def webchat_config(make_config: MakeConfig) -> Callable[..., Any]:
+    def make(**webchat: Any) -> Any:
+        return make_config(channels={"webchat": {"enabled": True, "port": 0, **webchat}})
+    return make
+
+
+@pytest.fixture
+async def gw(webchat_config: Callable[..., Any]) -> AsyncIterator[Gateway]:
+    async with Gateway(webchat_config(), grace=2.0) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def page(gw: Gateway) -> AsyncIterator[Page]:
+    async with aiohttp.ClientSession() as http:
+        yield Page(http, str(channel_of(gw).base_url))
