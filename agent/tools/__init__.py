@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agent.tools.base import Tool, ToolError, ToolRegistry, ToolRetry, tool
 from gateway.kernel.config import MemoryConfig, ToolsConfig
+
+if TYPE_CHECKING:
+    from agent.tools.exec_access import ExecAccess
 
 __all__ = ["Tool", "ToolError", "ToolRegistry", "ToolRetry", "build_registry", "tool"]
 
 
 def build_registry(config: ToolsConfig, *, memory: MemoryConfig | None = None,
-                   timezone: str = "UTC") -> ToolRegistry:
+                   timezone: str = "UTC", exec_access: ExecAccess | None = None) -> ToolRegistry:
     """The tools the model is offered: only the enabled groups. ``memory`` is
-    ``agent.memory`` (with ``agent.timezone`` for the daily logs' dates); None: no memory tool."""
+    ``agent.memory`` (with ``agent.timezone`` for the daily logs' dates); None: no memory tool.
+    ``exec_access``: how commands run here (``resolve_exec_access``); exec is offered only
+    when they can (in the sandbox, or unsandboxed when the config insists)."""
     tools: list[Tool] = []
     if config.files.enabled:
         from agent.tools.files import FILE_TOOLS
 
         tools += FILE_TOOLS
-    if config.exec.enabled:
-        from agent.tools.shell import SHELL_TOOLS
+    if config.exec.enabled and exec_access is not None and exec_access.runner is not None:
+        from agent.tools.shell import exec_tool
 
-        tools += SHELL_TOOLS
+        tools.append(exec_tool(exec_access.runner, about=exec_access.about))
     if config.message.enabled:
         from agent.tools.message import MESSAGE_TOOLS
 

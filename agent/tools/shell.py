@@ -1,28 +1,48 @@
 """The ``exec`` tool: run a shell command in the workspace.
 
-The command runs in its own process group with stdin closed, so a timeout or a cancelled turn
-kills everything it started, and background jobs never outlive it. Secrets are kept out of its
-environment and their values are masked in its output. The deny list is a seatbelt against an
-obviously destructive command, not a sandbox: a determined command can get around any regex.
+Where it runs is the runner's business: the bubblewrap sandbox (``sandbox.py``), or the host
+itself when the config says so (``exec_access.py`` decides which, once). Either way stdin is
+closed, the runner kills everything the command started when it returns, times out or its turn
+is cancelled, secrets' values are masked in the output, and the output is capped. The deny list
+is a seatbelt against an obviously destructive command, not the defence: a determined command
+can get around any regex, and the sandbox is what contains it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
-from agent.tools.base import ToolError, ToolRetry, tool
+from agent.tools.base import Tool, ToolError, ToolRetry
 from agent.turn import TurnContext
 
 _HEAD_SHARE = 0.6
 _DRAIN_SECONDS = 2.0
 _MIN_SECRET_LEN = 8
+_LIMIT_HINTS = {128 + signal.SIGXCPU: "CPU time limit reached",
+                128 + signal.SIGXFSZ: "file size limit reached"}
+
+
+class RunningCommand(Protocol):
+    async def wait(self) -> int:
+        """The exit status (128 + n when a signal n killed it)."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill everything the command started; return once it is gone."""
+        ...
+
+
+class CommandRunner(Protocol):
+    async def start(self, command: str, *, cwd: Path, stdout: int,
+                    stderr: int) -> RunningCommand:
+        """Start ``/bin/sh -c command`` in ``cwd`` with stdin closed."""
+        ...
 
 # Where a command starts: beginning, after ; & | ( ` $( or a newline, past sudo/exec and the like.
 _CMD = r"(?:^|[;&|(`\n]|\$\()\s*(?:(?:sudo|exec|command|nohup|env|time|nice)\s+(?:-\S+\s+)*)*"
@@ -169,11 +189,6 @@ async def _open_sink(capture: _Capture, pipe: BinaryIO) -> tuple[asyncio.BaseTra
     return transport, closed
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 async def _drain(sinks: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]]) -> None:
     """Read what is left in the pipes; a process that escaped the group and keeps a pipe open
     does not hold the tool up."""
@@ -191,9 +206,9 @@ class _Outcome:
     timed_out: bool
 
 
-async def _run(command: str, cwd: Path, env: dict[str, str], limit: float,
+async def _run(runner: CommandRunner, command: str, cwd: Path, limit: float,
                max_chars: int) -> _Outcome:
-    """Run ``command`` in its own process group, killing the group when the shell ends.
+    """Run ``command``; whatever it started is killed when it ends, times out or is cancelled.
 
     The pipes are our own rather than asyncio's: ``Process.wait()`` on a PIPE also waits for
     every background process holding it, and so would not notice the shell itself ending.
@@ -204,9 +219,7 @@ async def _run(command: str, cwd: Path, env: dict[str, str], limit: float,
     err_r, err_w = os.pipe()
     pipes = [os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0)]
     try:
-        proc = await asyncio.create_subprocess_shell(
-            command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out_w,
-            stderr=err_w, start_new_session=True)
+        proc = await runner.start(command, cwd=cwd, stdout=out_w, stderr=err_w)
     except BaseException:
         for pipe in pipes:
             pipe.close()
@@ -214,25 +227,24 @@ async def _run(command: str, cwd: Path, env: dict[str, str], limit: float,
     finally:
         os.close(out_w)
         os.close(err_w)
-    timed_out = False
+    returncode: int | None = None
     sinks: list[tuple[asyncio.BaseTransport, asyncio.Future[None]]] = []
     try:
         sinks.append(await _open_sink(out, pipes[0]))
         sinks.append(await _open_sink(err, pipes[1]))
         try:
             async with asyncio.timeout(limit):
-                await proc.wait()
+                returncode = await proc.wait()
         except TimeoutError:
-            timed_out = True
+            pass
     finally:  # normal exit, timeout and cancellation alike: nothing it started survives
-        _kill_group(proc.pid)
         try:
-            await proc.wait()
+            await proc.kill()
             await _drain(sinks)
         finally:
             for pipe in pipes:
                 pipe.close()
-    return _Outcome(out, err, proc.returncode, timed_out)
+    return _Outcome(out, err, returncode, timed_out=returncode is None)
 
 
 def _combine(stdout: _Capture, stderr: _Capture) -> list[str | int]:
@@ -251,37 +263,45 @@ def _redact(pieces: list[str | int], secrets: list[str]) -> list[str | int]:
     return pieces
 
 
-@tool(name="exec", group="shell")
-async def exec_(ctx: TurnContext, command: str,
-                timeout: float | None = None) -> str:  # noqa: ASYNC109 (the model's argument)
-    """Run a shell command in the workspace folder and return its output and exit code.
-    stdin is closed, so interactive programs cannot wait for input; background processes are
-    stopped when the command ends. Destructive commands are refused.
+def exec_tool(runner: CommandRunner, *, about: str = "") -> Tool:
+    """The ``exec`` tool running its commands with ``runner``; ``about`` ends its description
+    (where commands run, what they can reach)."""
 
-    Args:
-        command: the shell command line (run by /bin/sh).
-        timeout: seconds before the command is killed (capped by the configured limit).
-    """
-    config = ctx.tools.exec
-    if not command.strip():
-        raise ToolRetry("command is empty; send a shell command line")
-    if "\0" in command:
-        raise ToolRetry("command contains a NUL byte")
-    if timeout is not None and timeout <= 0:
-        raise ToolRetry("timeout must be a positive number of seconds (or left out)")
-    check_command(command, config.deny)
-    limit = config.timeout if timeout is None else min(timeout, config.timeout)
-    workspace = ctx.workspace.expanduser().resolve()
-    workspace.mkdir(parents=True, exist_ok=True)
-    env, secrets = child_env()
-    result = await _run(command, workspace, env, limit, config.max_output_chars)
+    async def exec_(ctx: TurnContext, command: str,
+                    timeout: float | None = None) -> str:  # noqa: ASYNC109 (the model's)
+        """Run a shell command in the workspace folder and return its output and exit code.
+        stdin is closed, so interactive programs cannot wait for input; background processes
+        are stopped when the command ends. Destructive commands are refused.
 
-    pieces = _combine(result.stdout, result.stderr)
-    text = cap_pieces(_redact(pieces, secrets), config.max_output_chars).rstrip("\n")
-    status = (f"[timed out after {limit:g}s; process killed]" if result.timed_out
-              else f"[exit code: {result.returncode}]")
-    return f"{text}\n{status}" if text else f"(no output)\n{status}"
+        Args:
+            command: the shell command line (run by /bin/sh).
+            timeout: seconds before the command is killed (capped by the configured limit).
+        """
+        config = ctx.tools.exec
+        if not command.strip():
+            raise ToolRetry("command is empty; send a shell command line")
+        if "\0" in command:
+            raise ToolRetry("command contains a NUL byte")
+        if timeout is not None and timeout <= 0:
+            raise ToolRetry("timeout must be a positive number of seconds (or left out)")
+        check_command(command, config.deny)
+        limit = config.timeout if timeout is None else min(timeout, config.timeout)
+        workspace = ctx.workspace.expanduser().resolve()
+        workspace.mkdir(parents=True, exist_ok=True)
+        _, secrets = child_env()
+        result = await _run(runner, command, workspace, limit, config.max_output_chars)
 
+        pieces = _combine(result.stdout, result.stderr)
+        text = cap_pieces(_redact(pieces, secrets), config.max_output_chars).rstrip("\n")
+        if result.timed_out:
+            status = f"[timed out after {limit:g}s; process killed]"
+        elif hint := _LIMIT_HINTS.get(result.returncode or 0):
+            status = f"[exit code: {result.returncode}; {hint}]"
+        else:
+            status = f"[exit code: {result.returncode}]"
+        return f"{text}\n{status}" if text else f"(no output)\n{status}"
 
-exec_tool = exec_
-SHELL_TOOLS = [exec_tool]
+    made = Tool(exec_, name="exec", group="shell")
+    if about:
+        made.description = f"{made.description} {about}"
+    return made

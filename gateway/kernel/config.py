@@ -23,6 +23,7 @@ from gateway.kernel.config_agent import (
     CompactionConfig,
     ContextConfig,
     CronToolConfig,
+    ExecSandboxConfig,
     ExecToolConfig,
     FallbackModelConfig,
     FileToolsConfig,
@@ -57,7 +58,7 @@ from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 __all__ = [
     "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "CompactionConfig", "Config",
     "ConfigError", "ContextConfig", "CronConfig", "CronToolConfig", "DeliveryConfig",
-    "DiscordChannelConfig", "Duration", "ExecToolConfig", "FallbackModelConfig",
+    "DiscordChannelConfig", "Duration", "ExecSandboxConfig", "ExecToolConfig", "FallbackModelConfig",
     "FileToolsConfig", "HeartbeatConfig", "IdList", "LocalChannelConfig", "LoggingConfig",
     "MCPConfig", "MCPServerConfig", "MemoryConfig", "MessageToolConfig", "OptionalSecret",
     "OptionalStr", "Section", "SpawnToolConfig", "TelegramChannelConfig",

@@ -8,9 +8,10 @@ here, so the agent's settings read on their own.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ByteSize, Field, field_validator, model_validator
 
 from gateway.kernel.config_fields import (
     Duration,
@@ -41,11 +42,47 @@ class ContextConfig(Section):
     compaction: CompactionConfig = CompactionConfig()
 
 
+Size = Annotated[ByteSize, Field(gt=0)]
+"""A size in bytes, written ``100MiB``, ``1GiB``, ``512kB`` or a bare number."""
+
+
+class ExecSandboxConfig(Section):
+    """Where every ``exec`` command runs (``agent/tools/sandbox.py``): bubblewrap namespaces,
+    the system read-only, only the workspace writable, limits per command."""
+
+    bwrap: str = Field("bwrap", min_length=1)
+    """The bubblewrap binary: a name looked up on PATH, or a path."""
+    network: bool = False
+    """Off: the command has only its own loopback. On: the host's network (and DNS)."""
+    cpu_time: Duration = Field(60.0, gt=0)
+    memory: Size = ByteSize(1 << 30)
+    """Address space per process (RLIMIT_AS); also the size of the command's private /tmp."""
+    processes: int = Field(64, ge=8)
+    """Processes and threads the command may have at once, the sandbox's own two included."""
+    file_size: Size = ByteSize(100 << 20)
+    ro_paths: list[Path] = Field(default_factory=list)
+    """More host folders shown read-only (e.g. /opt, /nix); the system folders always are."""
+    hide: list[Path] = Field(default_factory=list)
+    """More host paths never shown, on top of the gateway's config, data and log files."""
+
+    @field_validator("ro_paths", "hide")
+    @classmethod
+    def _absolute(cls, paths: list[Path]) -> list[Path]:
+        for path in paths:
+            if not path.expanduser().is_absolute():
+                raise ValueError(f"{str(path)!r} must be an absolute path")
+        return [path.expanduser() for path in paths]
+
+
 class ExecToolConfig(Section):
     enabled: bool = True
     timeout: Duration = 60.0
     max_output_chars: int = Field(10_000, gt=100)
     deny: list[str] = Field(default_factory=list, description="extra regexes refused as commands")
+    sandbox: ExecSandboxConfig = ExecSandboxConfig()
+    dangerously_run_unsandboxed: bool = False
+    """Run commands without the sandbox, as the gateway's own user seeing everything it sees
+    (its config, keys and data included). Only for a machine that is itself disposable."""
 
     @field_validator("deny")
     @classmethod

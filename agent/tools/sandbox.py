@@ -1,0 +1,447 @@
+"""The sandbox every ``exec`` command runs in: bubblewrap (``bwrap``), on Linux.
+
+A command gets its own PID, IPC, UTS and cgroup namespaces, a user namespace in which it
+cannot make another, and its own network namespace with only a loopback unless
+``sandbox.network`` is on. It sees the system folders read-only (``/usr``, ``/bin``, ``/sbin``,
+``/lib*``, and ``/etc`` without its secrets: shadow, sudoers, host and TLS keys...), a new
+``/proc`` that shows only its own processes, a minimal ``/dev``, a private ``/tmp`` and the
+workspace, at its own path: the one folder it can write. Nothing else — not the home folder,
+``/var``, ``/run`` or ``/srv`` — and never the gateway's config file, data folder or log file,
+which are covered even where they lie inside a folder it does see. Its environment (and that
+of bwrap, its PID 1) is PATH, HOME (the workspace), LANG, TERM and TMPDIR: no key to read.
+
+Everything a command starts dies with it: ``kill()`` kills the sandbox's PID 1, which takes
+its whole PID namespace along (``setsid``, double forks and daemons included), and returns once
+that has happened; a normal exit does the same, as PID 1 ends with the command.
+
+Limits per command, set by ``prlimit`` inside the sandbox: CPU seconds (SIGXCPU, then SIGKILL
+a second later), address space per process, file size, no core files, and processes. The last
+needs care (measured on Linux 6.18 with bubblewrap 0.8):
+
+- RLIMIT_NPROC counts the processes (and threads) of a real uid, and the kernel ignores it
+  for the host's root whatever it says; CI runs as root.
+- For any other user bwrap's user namespace is the answer: since Linux 5.14 the count is kept
+  per (user namespace, uid), so the limit set *inside* the sandbox counts that command's
+  processes only (two commands at 15 processes each both pass a limit of 20). Set before
+  bwrap starts, it would count every process the user has on the host.
+- For root, a pids cgroup per command (``sandbox_cgroup.py``), entered before bwrap forks.
+  Mapping root to another uid would not do: the workspace's files are root's, and the command
+  could no longer write them.
+- Root without a pids cgroup it may create: no sandbox, exec is off and says why.
+
+The deny list in ``shell.py`` still runs first, as a seatbelt; this is the defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.tools.base import ToolError
+from agent.tools.sandbox_cgroup import CommandCgroup, PidsCgroups, find_pids_cgroups
+from gateway.kernel.config import ExecSandboxConfig
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM_SECRETS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/ssl/private", "/etc/pki/tls/private", "/etc/letsencrypt",
+    "/etc/wireguard", "/etc/NetworkManager/system-connections", "/etc/security/opasswd",
+    "/etc/krb5.keytab", "/etc/credstore", "/etc/credstore.encrypted", "/etc/ipsec.secrets",
+    "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/docker", "/etc/containers/auth.json",
+    "/etc/parley", "/etc/ssh/ssh_host_*key",
+)
+"""Covered although under /etc: a root gateway's commands run as root (without capabilities),
+so file permissions alone would not keep them out."""
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+_ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
+_MAX_ARGS = 60_000  # the options go through a pipe, written before bwrap reads it
+_TRIAL_TIMEOUT = 10.0
+_KILL_WAIT = 5.0
+
+
+def sandbox_env(workspace: Path) -> dict[str, str]:
+    return {"PATH": SANDBOX_PATH, "HOME": str(workspace), "LANG": "C.UTF-8", "TERM": "dumb",
+            "TMPDIR": "/tmp"}
+
+
+def size_text(size: int) -> str:
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit} {name}"
+    return f"{size} bytes"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxSpec:
+    """What a sandbox is made of: the config's settings and the host paths it must not show."""
+
+    bwrap: str = "bwrap"
+    network: bool = False
+    cpu_seconds: int = 60
+    memory: int = 1 << 30
+    processes: int = 64
+    file_size: int = 100 << 20
+    ro_paths: tuple[Path, ...] = ()
+    hidden: tuple[Path, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: ExecSandboxConfig, private: Iterable[Path] = ()) -> SandboxSpec:
+        """``private``: the gateway's own files (config, data, log), from the root."""
+        return cls(bwrap=config.bwrap, network=config.network,
+                   cpu_seconds=max(1, math.ceil(config.cpu_time)), memory=int(config.memory),
+                   processes=config.processes, file_size=int(config.file_size),
+                   ro_paths=tuple(config.ro_paths), hidden=(*private, *config.hide))
+
+
+def _under(path: Path, roots: Iterable[Path]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(p != q and p.is_relative_to(q) for q in unique)]
+
+
+def check_workspace(workspace: Path) -> None:
+    """A workspace holding a system folder would make it writable."""
+    for name in ("/", *SYSTEM_DIRS):
+        if Path(name).resolve().is_relative_to(workspace):
+            raise ToolError(f"the workspace {workspace} contains {name}; exec cannot run "
+                             "there (a sandbox would make the system writable)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sandbox:
+    """A sandbox that works on this host: the binaries, what this bwrap supports, and where
+    root's process limit lives (None: RLIMIT_NPROC in the user namespace does it)."""
+
+    spec: SandboxSpec
+    bwrap: str
+    prlimit: str
+    version: str
+    tmpfs_size: bool = False
+    disable_userns: bool = False
+    cgroups: PidsCgroups | None = None
+
+    def describe(self) -> str:
+        spec = self.spec
+        how = self.cgroups.describe() if self.cgroups else "RLIMIT_NPROC in a user namespace"
+        return (f"bubblewrap {self.version}; network {'on' if spec.network else 'off'}; "
+                f"limits: CPU {spec.cpu_seconds} s, memory {size_text(spec.memory)}, "
+                f"{spec.processes} processes ({how}), files {size_text(spec.file_size)}")
+
+    def options(self, workspace: Path) -> list[str]:
+        """bwrap's options for a command in ``workspace``."""
+        workspace = workspace.resolve()
+        check_workspace(workspace)
+        spec = self.spec
+        opts = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
+                "--new-session", "--cap-drop", "ALL"]
+        if not spec.network:
+            opts.append("--unshare-net")
+        if self.disable_userns:
+            opts.append("--disable-userns")
+        visible = [workspace]
+        for name in SYSTEM_DIRS:
+            path = Path(name)
+            if path.is_symlink():
+                opts += ["--symlink", os.readlink(path), name]
+            elif path.is_dir():
+                opts += ["--ro-bind", name, name]
+                visible.append(path.resolve())
+        for extra in spec.ro_paths:
+            real = extra.resolve()
+            if real.exists():
+                opts += ["--ro-bind", str(real), str(real)]
+                visible.append(real)
+        resolv = Path("/etc/resolv.conf").resolve()
+        if spec.network and resolv.exists() and not _under(resolv, visible):
+            opts += ["--ro-bind", str(resolv), str(resolv)]  # systemd-resolved's stub, in /run
+        opts += ["--proc", "/proc", "--dev", "/dev"]
+        if self.tmpfs_size:
+            opts += ["--size", str(spec.memory)]
+        opts += ["--tmpfs", "/tmp"]
+        hidden = [p.resolve() for p in self._hidden()]
+        hidden = [p for p in hidden if p.exists() and _under(p, visible)]
+        outside = _outermost(p for p in hidden if not p.is_relative_to(workspace))
+        inside = _outermost(p for p in hidden if p.is_relative_to(workspace))
+        opts += [o for p in outside for o in _cover(p)]
+        opts += ["--bind", str(workspace), str(workspace)]  # after: a cover may hold it
+        opts += [o for p in outside if p.is_dir() for o in ("--remount-ro", str(p))]
+        for path in inside:
+            opts += _cover(path)
+            if path.is_dir():
+                opts += ["--remount-ro", str(path)]
+        return [*opts, "--chdir", str(workspace)]
+
+    def _hidden(self) -> list[Path]:
+        out = [Path(p) for pattern in SYSTEM_SECRETS for p in glob.glob(pattern)]
+        return out + [p.expanduser().absolute() for p in self.spec.hidden]
+
+    def limits(self) -> list[str]:
+        spec = self.spec
+        return [self.prlimit, f"--cpu={spec.cpu_seconds}:{spec.cpu_seconds + 1}",
+                f"--as={spec.memory}", f"--fsize={spec.file_size}",
+                f"--nproc={spec.processes}", "--core=0", "--"]
+
+    async def start(self, command: str, *, cwd: Path, stdout: int,
+                    stderr: int) -> SandboxedCommand:
+        """Start ``/bin/sh -c command`` in the sandbox, with ``cwd`` as the workspace."""
+        options = self.options(cwd)
+        info_r, info_w = os.pipe()
+        args_r, args_w = os.pipe()
+        try:
+            init, info = await _read_info(info_r)
+        except BaseException:
+            for fd in (info_w, args_r, args_w):
+                os.close(fd)
+            raise
+        cgroup: CommandCgroup | None = None
+        try:
+            blob = memoryview(b"".join(os.fsencode(o) + b"\0"
+                                       for o in [*options, "--info-fd", str(info_w)]))
+            if len(blob) > _MAX_ARGS:
+                raise ValueError("too many sandbox options (ro_paths, hide)")
+            while blob:
+                blob = blob[os.write(args_w, blob):]
+            argv = [self.bwrap, "--args", str(args_r), "--", *self.limits(),
+                    "/bin/sh", "-c", command]
+            if self.cgroups is not None:
+                cgroup = self.cgroups.create(self.spec.processes)
+                argv = ["/bin/sh", "-c", _ENTER_CGROUP, str(cgroup.procs), *argv]
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                env=sandbox_env(cwd), cwd="/", start_new_session=True,
+                pass_fds=(args_r, info_w))
+        except BaseException:
+            info.close()
+            if cgroup is not None:
+                await cgroup.kill_and_remove()
+            raise
+        finally:
+            for fd in (args_r, args_w, info_w):
+                os.close(fd)
+        return SandboxedCommand(proc, init, info, cgroup)
+
+
+def _cover(path: Path) -> list[str]:
+    """Options that put something empty over ``path`` (read-only once ``--remount-ro``)."""
+    return ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+
+
+class _InfoSink(asyncio.Protocol):
+    """bwrap's ``--info-fd`` JSON; the pipe closes once bwrap has written it (or died)."""
+
+    def __init__(self, done: asyncio.Future[int | None]) -> None:
+        self.data = bytearray()
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done.done():
+            return
+        try:
+            pid = int(json.loads(self.data)["child-pid"])
+            self.done.set_result(os.pidfd_open(pid))  # at once: the pid can't be reused now
+        except (ValueError, KeyError, TypeError, ProcessLookupError):
+            self.done.set_result(None)  # bwrap failed before its PID 1 existed, or it is gone
+
+
+async def _read_info(fd: int) -> tuple[asyncio.Future[int | None], asyncio.BaseTransport]:
+    """A pidfd of the sandbox's PID 1, once bwrap has said which process that is."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int | None] = loop.create_future()
+    pipe = os.fdopen(fd, "rb", buffering=0)
+    try:
+        transport, _ = await loop.connect_read_pipe(lambda: _InfoSink(done), pipe)
+    except BaseException:
+        pipe.close()
+        raise
+    return done, transport
+
+
+async def _exited(pidfd: int, within: float) -> None:
+    """Wait until the process behind ``pidfd`` has exited (a pidfd turns readable)."""
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+
+    def exited() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(pidfd, exited)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gone, within)
+    finally:
+        loop.remove_reader(pidfd)
+
+
+class SandboxedCommand:
+    """A running sandboxed command: bwrap (our child) and the sandbox's PID 1 under it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, init: asyncio.Future[int | None],
+                 info: asyncio.BaseTransport, cgroup: CommandCgroup | None) -> None:
+        self._proc = proc
+        self._init = init
+        self._info = info
+        self._cgroup = cgroup
+        self._killed = False
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def _pidfd(self) -> int | None:
+        return self._init.result() if self._init.done() else None
+
+    async def kill(self) -> None:
+        """Kill everything the command started; return once all of it is gone."""
+        if self._killed:
+            return
+        if (pidfd := self._pidfd()) is not None:
+            _signal(pidfd)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        await self._proc.wait()
+        with contextlib.suppress(TimeoutError):  # bwrap is gone: its pipe closes now
+            await asyncio.wait_for(asyncio.shield(self._init), _KILL_WAIT)
+        self._info.close()
+        self._killed = True
+        if not self._init.done():  # never seen: close it whenever it comes
+            self._init.add_done_callback(lambda f: _close(f.result()))
+        elif (pidfd := self._init.result()) is not None:
+            try:
+                _signal(pidfd)  # PID 1 going takes its PID namespace along
+                await _exited(pidfd, _KILL_WAIT)
+            finally:
+                os.close(pidfd)
+        if self._cgroup is not None:
+            await self._cgroup.kill_and_remove()
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _signal(pidfd: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True)
+class NoSandbox:
+    reason: str
+
+
+_FOUND: dict[SandboxSpec, Sandbox | NoSandbox] = {}
+
+
+async def find_sandbox(spec: SandboxSpec) -> Sandbox | NoSandbox:
+    """The sandbox for ``spec`` if one can be made here — tried for real, by running a command
+    in it — else why not. Asked once per process: the answer does not change while we run."""
+    if spec not in _FOUND:
+        _FOUND[spec] = await _find(spec)
+    return _FOUND[spec]
+
+
+def _host_root() -> bool:
+    """Is our real uid the host's root (uid 0 of the initial user namespace), for whom the
+    kernel ignores RLIMIT_NPROC? Root of a rootless container is another uid outside."""
+    if os.getuid() != 0:
+        return False
+    try:
+        fields = [int(x) for x in Path("/proc/self/uid_map").read_text().split()]
+    except (OSError, ValueError):
+        return True
+    for inside, outside, count in zip(fields[0::3], fields[1::3], fields[2::3], strict=False):
+        if inside == 0 and count > 0:
+            return outside == 0
+    return True
+
+
+async def _output(*argv: str) -> str:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        async with asyncio.timeout(_TRIAL_TIMEOUT):
+            out, _ = await proc.communicate()
+    except (OSError, TimeoutError):
+        return ""
+    return out.decode(errors="replace")
+
+
+async def _find(spec: SandboxSpec) -> Sandbox | NoSandbox:
+    if not sys.platform.startswith("linux"):
+        return NoSandbox(f"no sandbox on {sys.platform}: exec needs Linux and bubblewrap")
+    bwrap = shutil.which(spec.bwrap)
+    if bwrap is None:
+        return NoSandbox(f"bubblewrap not found ({spec.bwrap!r} is not a program on PATH); "
+                         "install it (Debian, Ubuntu: apt install bubblewrap)")
+    prlimit = shutil.which("prlimit", path=SANDBOX_PATH)
+    if prlimit is None:
+        return NoSandbox("prlimit (util-linux) not found: it sets the sandbox's limits")
+    version = (await _output(bwrap, "--version")).strip().removeprefix("bubblewrap ")
+    usage = await _output(bwrap, "--help")
+    cgroups = None
+    if _host_root():
+        found = await asyncio.to_thread(find_pids_cgroups)
+        if isinstance(found, str):
+            return NoSandbox("running as root, whose processes the kernel does not count, and "
+                             f"{found}; run the gateway as an ordinary user, or give it a "
+                             "writable /sys/fs/cgroup")
+        cgroups = found
+    sandbox = Sandbox(spec=spec, bwrap=bwrap, prlimit=prlimit, version=version or "?",
+                      tmpfs_size="--size" in usage, disable_userns="--disable-userns" in usage,
+                      cgroups=cgroups)
+    problem = await _trial(sandbox)
+    if problem:
+        return NoSandbox(f"bubblewrap cannot make a sandbox here: {problem}")
+    return sandbox
+
+
+async def _trial(sandbox: Sandbox) -> str | None:
+    """Run one command in the sandbox; None when it worked, else what went wrong."""
+    with tempfile.TemporaryDirectory(prefix="parley-probe-") as workspace:
+        read, write = os.pipe()
+        try:
+            try:
+                cmd = await sandbox.start("echo sandbox-ok", cwd=Path(workspace), stdout=write,
+                                          stderr=write)
+            except (OSError, ToolError) as exc:
+                return str(exc)
+            finally:
+                os.close(write)
+            try:
+                async with asyncio.timeout(_TRIAL_TIMEOUT):
+                    code: int | None = await cmd.wait()
+            except TimeoutError:
+                code = None
+            finally:
+                await cmd.kill()
+            text = os.read(read, 65536).decode(errors="replace").strip()  # its writers are gone
+        finally:
+            os.close(read)
+    if code == 0 and text == "sandbox-ok":
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {code}"
