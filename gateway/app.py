@@ -19,6 +19,7 @@ from agent.loop import AgentLoop
 from agent.provider import Provider, warm_up
 from agent.subagent import SubagentManager
 from agent.tools import build_registry
+from agent.tools.exec_access import ExecAccess, GatewayFiles, resolve_exec_access
 from agent.turn import TurnServices
 from channels.base import Channel, ChannelDeps
 from gateway.cron import CronScheduler
@@ -69,6 +70,7 @@ class Gateway:
         self.heartbeat: Heartbeat | None = None
         self.mcp: MCPManager | None = None
         self.subagents: SubagentManager | None = None
+        self.exec_access: ExecAccess | None = None
 
     @property
     def state(self) -> str:
@@ -94,11 +96,13 @@ class Gateway:
                 self.manager.add(channel)
             for channel in self._extra:
                 self.manager.add(channel)
+            self.exec_access = await self._resolve_exec()
             self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
                                    provider=self.provider,
                                    registry=build_registry(
                                        self.config.agent.tools, memory=self.config.agent.memory,
-                                       timezone=self.config.agent.timezone),
+                                       timezone=self.config.agent.timezone,
+                                       exec_access=self.exec_access),
                                    hints=self.manager.hints, services=self._services)
             await self._start_agent_tools(self.store, self.agent)
             # Unanswered messages from the last run go first, ahead of anything new.
@@ -120,6 +124,15 @@ class Gateway:
         _log.info("gateway running: model %s, channels %s, workspace %s",
                   self.config.agent.model, ", ".join(self.manager.channels) or "none",
                   self.config.workspace_path)
+
+    async def _resolve_exec(self) -> ExecAccess:
+        """Whether ``exec`` runs sandboxed, unsandboxed or not at all; said once, loudly when
+        it is not sandboxed."""
+        access = await resolve_exec_access(self.config.agent.tools.exec,
+                                           GatewayFiles.of(self.config))
+        quiet = access.state in ("sandboxed", "disabled")
+        _log.log(logging.INFO if quiet else logging.WARNING, "exec: %s", access.describe())
+        return access
 
     async def _start_schedules(self, store: Store, agent: AgentLoop) -> None:
         """Cron and heartbeat run in the gateway only (``parley chat`` would double them)."""
@@ -252,6 +265,7 @@ class Gateway:
             "dead_letters": self._dead_before + self.manager.failed,
             "recent_errors": agent.recent_errors if agent else [],
             "mcp": self.mcp.status() if self.mcp is not None else {},
+            "exec": self.exec_access.describe() if self.exec_access is not None else None,
         }
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:

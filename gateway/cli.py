@@ -188,6 +188,16 @@ def _short_time(value: Any) -> str:
     return str(value)[11:19] if value else "-"
 
 
+def _exec_line(config: Config, health: dict[str, Any] | None) -> str:
+    """What the running gateway decided; else what it would decide here, now."""
+    if health and health.get("exec"):
+        return str(health["exec"])
+    from agent.tools.exec_access import GatewayFiles, resolve_exec_access
+
+    access = run_sync(resolve_exec_access(config.agent.tools.exec, GatewayFiles.of(config)))
+    return access.describe()
+
+
 @app.command()
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions."""
@@ -195,6 +205,8 @@ def status(config_path: ConfigOpt = None) -> None:
     health = _probe_health(config)
     out.print(f"config:   {config.source}", highlight=False)
     out.print(f"model:    {config.agent.model}", highlight=False)
+    out.print(f"exec:     {_exec_line(config, health)}", highlight=False, markup=False,
+              soft_wrap=True)
     if health:
         out.print(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
                   f"{health.get('turns_done', 0)} turn(s) answered, "

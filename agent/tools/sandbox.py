@@ -153,6 +153,10 @@ class Sandbox:
             opts.append("--unshare-net")
         if self.disable_userns:
             opts.append("--disable-userns")
+        opts += ["--proc", "/proc", "--dev", "/dev"]
+        if self.tmpfs_size:
+            opts += ["--size", str(spec.memory)]
+        opts += ["--tmpfs", "/tmp"]  # first: a folder shown below may be in /tmp
         visible = [workspace]
         for name in SYSTEM_DIRS:
             path = Path(name)
@@ -169,10 +173,6 @@ class Sandbox:
         resolv = Path("/etc/resolv.conf").resolve()
         if spec.network and resolv.exists() and not _under(resolv, visible):
             opts += ["--ro-bind", str(resolv), str(resolv)]  # systemd-resolved's stub, in /run
-        opts += ["--proc", "/proc", "--dev", "/dev"]
-        if self.tmpfs_size:
-            opts += ["--size", str(spec.memory)]
-        opts += ["--tmpfs", "/tmp"]
         hidden = [p.resolve() for p in self._hidden()]
         hidden = [p for p in hidden if p.exists() and _under(p, visible)]
         outside = _outermost(p for p in hidden if not p.is_relative_to(workspace))

@@ -58,10 +58,10 @@ from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 __all__ = [
     "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "CompactionConfig", "Config",
     "ConfigError", "ContextConfig", "CronConfig", "CronToolConfig", "DeliveryConfig",
-    "DiscordChannelConfig", "Duration", "ExecSandboxConfig", "ExecToolConfig", "FallbackModelConfig",
-    "FileToolsConfig", "HeartbeatConfig", "IdList", "LocalChannelConfig", "LoggingConfig",
-    "MCPConfig", "MCPServerConfig", "MemoryConfig", "MessageToolConfig", "OptionalSecret",
-    "OptionalStr", "Section", "SpawnToolConfig", "TelegramChannelConfig",
+    "DiscordChannelConfig", "Duration", "ExecSandboxConfig", "ExecToolConfig",
+    "FallbackModelConfig", "FileToolsConfig", "HeartbeatConfig", "IdList", "LocalChannelConfig",
+    "LoggingConfig", "MCPConfig", "MCPServerConfig", "MemoryConfig", "MessageToolConfig",
+    "OptionalSecret", "OptionalStr", "Section", "SpawnToolConfig", "TelegramChannelConfig",
     "TerminalChannelConfig", "ToolsConfig", "WebSearchConfig", "WebToolsConfig",
     "WebchatChannelConfig", "find_config_path", "load_config", "parse_config", "parse_duration",
 ]

@@ -14,6 +14,7 @@ from agent.provider import Provider
 from agent.subagent import RESULT_TAG, SubagentManager, subagent_registry
 from agent.tools import build_registry
 from agent.tools.base import Tool, ToolRegistry
+from agent.tools.exec_access import ExecAccess, HostRunner
 from agent.turn import TurnContext, TurnServices
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
@@ -24,7 +25,9 @@ from tests.fakes.openai_server import ScriptedLLM
 
 
 def registry(config: Config) -> ToolRegistry:
-    return build_registry(config.agent.tools)
+    """The gateway's tools (exec with a runner that is never called here)."""
+    return build_registry(config.agent.tools,
+                          exec_access=ExecAccess("unsandboxed", "test", HostRunner()))
 
 
 def parent_ctx(config: Config, session_id: int = 1) -> TurnContext:

@@ -11,12 +11,11 @@ import pytest
 
 from agent.tools.base import ToolRegistry, ToolRetry
 from agent.tools.files import FILE_TOOLS, resolve_in_workspace
-from agent.tools.shell import SHELL_TOOLS
 from agent.turn import TurnContext
 from gateway.kernel.config import FileToolsConfig, ToolsConfig
 from gateway.kernel.events import InboundMessage
 
-REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
+REGISTRY = ToolRegistry(FILE_TOOLS)
 
 
 def make_ctx(workspace: Path, **files: Any) -> TurnContext:

@@ -1,45 +1,23 @@
-"""The exec tool through the real registry: output, limits, process cleanup and safety rules."""
+"""The exec tool through the real registry: output, limits and safety rules in the sandbox,
+and the unsandboxed runner the config can insist on (``test_sandbox.py``: what the sandbox
+keeps out)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.tools.base import ToolRegistry
-from agent.tools.files import FILE_TOOLS
-from agent.tools.shell import SHELL_TOOLS, cap_pieces, check_command, child_env
-from agent.turn import TurnContext
+from agent.tools.exec_access import HostRunner
+from agent.tools.shell import cap_pieces, check_command, child_env
 from gateway.kernel.config import ConfigError, ExecToolConfig, ToolsConfig, parse_config
-from gateway.kernel.events import InboundMessage
+from tests.agent.tools.conftest import Exec, exec_with, make_ctx
 
-REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
-
-
-def make_ctx(workspace: Path, **exec_config: Any) -> TurnContext:
-    return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
-                                              text="", received_at=datetime.now(UTC)),
-                       session_id=1, workspace=workspace,
-                       tools=ToolsConfig(exec=ExecToolConfig(**exec_config)))
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    path = tmp_path / "ws"
-    path.mkdir()
-    return path
-
-
-async def run(ctx: TurnContext, command: str, **args: Any) -> tuple[str, bool]:
-    result = await REGISTRY.execute("exec", json.dumps({"command": command, **args}), ctx)
-    return result.text, result.is_error
+host = exec_with(HostRunner())
 
 
 async def wait_exited(pid: int, timeout: float = 5.0) -> None:
@@ -63,24 +41,24 @@ def assert_reaped(pid: int) -> None:
     assert not Path(f"/proc/{pid}").exists()
 
 
-async def test_echo_output_and_exit_code(ws: Path) -> None:
+async def test_echo_output_and_exit_code(run: Exec, ws: Path) -> None:
     text, err = await run(make_ctx(ws), "echo hello; echo oops >&2")
     assert not err
     assert text == "hello\n[stderr]\noops\n[exit code: 0]"
 
 
-async def test_nonzero_exit_and_no_output(ws: Path) -> None:
+async def test_nonzero_exit_and_no_output(run: Exec, ws: Path) -> None:
     text, err = await run(make_ctx(ws), "exit 3")
     assert not err and text == "(no output)\n[exit code: 3]"
 
 
-async def test_runs_in_workspace_with_stdin_closed(ws: Path) -> None:
+async def test_runs_in_workspace_with_stdin_closed(run: Exec, ws: Path) -> None:
     text, _ = await run(make_ctx(ws), "pwd; cat; echo done")
     assert text.splitlines() == [str(ws.resolve()), "done", "[exit code: 0]"]
 
 
-async def test_timeout_kills_the_process_group(ws: Path) -> None:
-    text, err = await run(make_ctx(ws), "sleep 30 & echo $$ $!; sleep 30", timeout=0.5)
+async def test_unsandboxed_timeout_kills_the_process_group(ws: Path) -> None:
+    text, err = await host(make_ctx(ws), "sleep 30 & echo $$ $!; sleep 30", timeout=0.5)
     assert not err
     assert text.endswith("[timed out after 0.5s; process killed]")
     shell_pid, background_pid = map(int, text.splitlines()[0].split())
@@ -88,19 +66,19 @@ async def test_timeout_kills_the_process_group(ws: Path) -> None:
     await wait_exited(background_pid)
 
 
-async def test_timeout_is_capped_by_config(ws: Path) -> None:
+async def test_timeout_is_capped_by_config(run: Exec, ws: Path) -> None:
     text, _ = await run(make_ctx(ws, timeout=0.3), "sleep 30", timeout=1000)
     assert text == "(no output)\n[timed out after 0.3s; process killed]"
 
 
-async def test_background_jobs_do_not_outlive_the_command(ws: Path) -> None:
+async def test_unsandboxed_background_jobs_do_not_outlive_the_command(ws: Path) -> None:
     # the background sleep keeps the output pipe open; the command still ends with its shell
-    text, _ = await run(make_ctx(ws), "sleep 30 & echo $!", timeout=20)
+    text, _ = await host(make_ctx(ws), "sleep 30 & echo $!", timeout=20)
     assert text.endswith("[exit code: 0]")
     await wait_exited(int(text.splitlines()[0]))
 
 
-async def test_cancellation_kills_the_child(ws: Path, tmp_path: Path) -> None:
+async def test_unsandboxed_cancellation_kills_the_child(ws: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -108,7 +86,7 @@ async def test_cancellation_kills_the_child(ws: Path, tmp_path: Path) -> None:
     started = loop.create_future()
     loop.add_reader(reader, lambda: started.done() or started.set_result(os.read(reader, 100)))
     ctx = make_ctx(ws)
-    task = asyncio.create_task(run(ctx, f"sleep 30 & echo $$ $! > {fifo}; sleep 30"),
+    task = asyncio.create_task(host(ctx, f"sleep 30 & echo $$ $! > {fifo}; sleep 30"),
                                name="test-exec")
     try:
         shell_pid, background_pid = map(int, (await asyncio.wait_for(started, 10)).split())
@@ -122,7 +100,7 @@ async def test_cancellation_kills_the_child(ws: Path, tmp_path: Path) -> None:
     await wait_exited(background_pid)
 
 
-async def test_huge_output_keeps_head_and_tail(ws: Path) -> None:
+async def test_huge_output_keeps_head_and_tail(run: Exec, ws: Path) -> None:
     text, err = await run(make_ctx(ws, max_output_chars=1000), "yes | head -c 5000000")
     assert not err
     head, rest = text.split("\n... [", 1)
@@ -134,7 +112,7 @@ async def test_huge_output_keeps_head_and_tail(ws: Path) -> None:
     assert int(count) == 5_000_000 - 600 - len(tail) - 1  # the trailing newline is stripped
 
 
-async def test_cut_counts_exact_with_distinct_head_and_tail(ws: Path) -> None:
+async def test_cut_counts_exact_with_distinct_head_and_tail(run: Exec, ws: Path) -> None:
     text, _ = await run(make_ctx(ws, max_output_chars=1000), "seq 1 200000")
     full = "".join(f"{i}\n" for i in range(1, 200001))
     match = re.fullmatch(r"(.*)\n\.\.\. \[(\d+) characters cut\] \.\.\.\n(.*)\n\[exit code: 0\]",
@@ -146,7 +124,7 @@ async def test_cut_counts_exact_with_distinct_head_and_tail(ws: Path) -> None:
     assert len(head) + cut + len(tail) == len(full) - 1
 
 
-async def test_stderr_flood_and_stdout_both_shown(ws: Path) -> None:
+async def test_stderr_flood_and_stdout_both_shown(run: Exec, ws: Path) -> None:
     text, _ = await run(make_ctx(ws, max_output_chars=500),
                         "echo start; yes err | head -c 100000 >&2; echo end >&2; exit 1")
     assert text.startswith("start\n[stderr]\nerr\n")
@@ -154,18 +132,18 @@ async def test_stderr_flood_and_stdout_both_shown(ws: Path) -> None:
     assert "characters cut" in text
 
 
-async def test_secrets_are_not_in_the_environment(ws: Path,
+async def test_unsandboxed_secrets_are_not_in_the_environment(ws: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARLEY_TEST_API_KEY", "supersecretvalue123")
     monkeypatch.setenv("GITHUB_PAT", "ghp_xxxxxxxxxxxx")
     monkeypatch.setenv("PARLEY_HARMLESS", "visible-value")
-    text, _ = await run(make_ctx(ws), "env")
+    text, _ = await host(make_ctx(ws), "env")
     assert "PARLEY_HARMLESS=visible-value" in text
     assert "PARLEY_TEST_API_KEY" not in text and "supersecretvalue123" not in text
     assert "GITHUB_PAT" not in text
 
 
-async def test_secret_values_are_redacted_from_output(ws: Path,
+async def test_secret_values_are_redacted_from_output(run: Exec, ws: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARLEY_TEST_API_KEY", "supersecretvalue123")
     (ws / "leak.txt").write_text("key=supersecretvalue123\n")
@@ -179,7 +157,7 @@ async def test_secret_values_are_redacted_from_output(ws: Path,
     "dd if=/dev/zero of=/dev/sda bs=1M", "echo x > /dev/sda", "shutdown -h now", "ls; reboot",
     "chmod -R 777 /", "chown -R nobody /", "kill -9 -1", "sudo apt-get install foo",
 ])
-async def test_deny_list_refuses_destructive_commands(ws: Path, command: str) -> None:
+async def test_deny_list_refuses_destructive_commands(run: Exec, ws: Path, command: str) -> None:
     marker = ws / "still-here"
     marker.touch()
     text, err = await run(make_ctx(ws), command)
@@ -196,14 +174,14 @@ def test_deny_list_allows_ordinary_commands(command: str) -> None:
     check_command(command, [])
 
 
-async def test_rm_inside_workspace_runs(ws: Path) -> None:
+async def test_rm_inside_workspace_runs(run: Exec, ws: Path) -> None:
     (ws / "build" / "sub").mkdir(parents=True)
     (ws / "build" / "sub" / "x.o").touch()
     text, err = await run(make_ctx(ws), "rm -rf build/ && ls -A")
     assert not err and text == "(no output)\n[exit code: 0]"
 
 
-async def test_configured_deny_pattern(ws: Path) -> None:
+async def test_configured_deny_pattern(run: Exec, ws: Path) -> None:
     ctx = make_ctx(ws, deny=[r"\bcurl\b"])
     text, err = await run(ctx, "curl https://example.com")
     assert err and r"configured deny pattern '\\bcurl\\b'" in text
@@ -218,7 +196,7 @@ def test_broken_deny_pattern_is_a_config_error() -> None:
     assert key == "agent.tools.exec.deny" and "deny[1] '('" in reason
 
 
-async def test_broken_deny_pattern_fails_closed(ws: Path) -> None:
+async def test_broken_deny_pattern_fails_closed(run: Exec, ws: Path) -> None:
     """Defence in depth for a config built without validation."""
     ctx = make_ctx(ws)
     broken = ExecToolConfig.model_construct(**{**ctx.tools.exec.model_dump(), "deny": ["("]})
