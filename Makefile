@@ -28,12 +28,14 @@ run: install
 chat: install
 	$(BIN)/parley chat --config $(CONFIG)
 
-# System packages tests drive for real (Debian's chromium for the WebChat browser tests), installed
-# with apt-get when missing and allowed (root, or sudo without a password); otherwise the command
-# to run is printed and those tests say why they skip.
-SYSTEM_PACKAGES := chromium
+# System packages tests drive for real (Debian's chromium for the WebChat browser tests,
+# bubblewrap and prlimit for the exec sandbox), installed with apt-get when missing and allowed
+# (root, or sudo without a password); otherwise the command to run is printed and those tests
+# say why they skip. Written package:program where the program has another name.
+SYSTEM_PACKAGES := chromium bubblewrap:bwrap util-linux:prlimit
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  command -v "$${p#*:}" >/dev/null || missing="$$missing $${p%%:*}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=none; fi; \
 	  if [ "$$sudo" = none ]; then echo "make: missing system packages:$$missing (apt-get install$$missing)" >&2; \

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agent.tools.sandbox import NoSandbox, SandboxSpec, find_sandbox
+from agent.tools.sandbox import SandboxSpec
+from agent.tools.sandbox_probe import NoSandbox, find_sandbox
 from agent.tools.shell import CommandRunner, child_env
 from gateway.kernel.config import Config, ExecToolConfig
 

@@ -10,9 +10,10 @@ workspace, at its own path: the one folder it can write. Nothing else — not th
 which are covered even where they lie inside a folder it does see. Its environment (and that
 of bwrap, its PID 1) is PATH, HOME (the workspace), LANG, TERM and TMPDIR: no key to read.
 
-Everything a command starts dies with it: ``kill()`` kills the sandbox's PID 1, which takes
-its whole PID namespace along (``setsid``, double forks and daemons included), and returns once
-that has happened; a normal exit does the same, as PID 1 ends with the command.
+Everything a command starts dies with it: ``kill()`` (``sandbox_process.py``) kills the
+sandbox's PID 1, which takes its whole PID namespace along (``setsid``, double forks and
+daemons included), and returns once that has happened; a normal exit does the same, as PID 1
+ends with the command. ``sandbox_probe.py`` decides once whether a sandbox can be made here.
 
 Limits per command, set by ``prlimit`` inside the sandbox: CPU seconds (SIGXCPU, then SIGKILL
 a second later), address space per process, file size, no core files, and processes. The last
@@ -24,9 +25,10 @@ needs care (measured on Linux 6.18 with bubblewrap 0.8):
   per (user namespace, uid), so the limit set *inside* the sandbox counts that command's
   processes only (two commands at 15 processes each both pass a limit of 20). Set before
   bwrap starts, it would count every process the user has on the host.
-- For root, a pids cgroup per command (``sandbox_cgroup.py``), entered before bwrap forks.
-  Mapping root to another uid would not do: the workspace's files are root's, and the command
-  could no longer write them.
+- For root, a pids cgroup per command (``sandbox_cgroup.py``), entered before bwrap forks: a
+  fork loop stops at the limit, concurrent commands each get their own. A user namespace does
+  not help root: bwrap maps the sandbox's uid to the caller's, so it is still uid 0 outside;
+  and running bwrap as another uid would lose the workspace, whose files are root's.
 - Root without a pids cgroup it may create: no sandbox, exec is off and says why.
 
 The deny list in ``shell.py`` still runs first, as a seatbelt; this is the defence.
@@ -35,21 +37,16 @@ The deny list in ``shell.py`` still runs first, as a seatbelt; this is the defen
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
-import json
 import math
 import os
-import shutil
-import signal
-import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.tools.base import ToolError
-from agent.tools.sandbox_cgroup import CommandCgroup, PidsCgroups, find_pids_cgroups
+from agent.tools.sandbox_cgroup import CommandCgroup, PidsCgroups
+from agent.tools.sandbox_process import SandboxedCommand, read_info
 from gateway.kernel.config import ExecSandboxConfig
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -66,8 +63,6 @@ so file permissions alone would not keep them out."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 _ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
 _MAX_ARGS = 60_000  # the options go through a pipe, written before bwrap reads it
-_TRIAL_TIMEOUT = 10.0
-_KILL_WAIT = 5.0
 
 
 def sandbox_env(workspace: Path) -> dict[str, str]:
@@ -203,7 +198,7 @@ class Sandbox:
         info_r, info_w = os.pipe()
         args_r, args_w = os.pipe()
         try:
-            init, info = await _read_info(info_r)
+            init, info = await read_info(info_r)
         except BaseException:
             for fd in (info_w, args_r, args_w):
                 os.close(fd)
@@ -241,207 +236,3 @@ def _cover(path: Path) -> list[str]:
     return ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
 
 
-class _InfoSink(asyncio.Protocol):
-    """bwrap's ``--info-fd`` JSON; the pipe closes once bwrap has written it (or died)."""
-
-    def __init__(self, done: asyncio.Future[int | None]) -> None:
-        self.data = bytearray()
-        self.done = done
-
-    def data_received(self, data: bytes) -> None:
-        self.data += data
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done.done():
-            return
-        try:
-            pid = int(json.loads(self.data)["child-pid"])
-            self.done.set_result(os.pidfd_open(pid))  # at once: the pid can't be reused now
-        except (ValueError, KeyError, TypeError, ProcessLookupError):
-            self.done.set_result(None)  # bwrap failed before its PID 1 existed, or it is gone
-
-
-async def _read_info(fd: int) -> tuple[asyncio.Future[int | None], asyncio.BaseTransport]:
-    """A pidfd of the sandbox's PID 1, once bwrap has said which process that is."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[int | None] = loop.create_future()
-    pipe = os.fdopen(fd, "rb", buffering=0)
-    try:
-        transport, _ = await loop.connect_read_pipe(lambda: _InfoSink(done), pipe)
-    except BaseException:
-        pipe.close()
-        raise
-    return done, transport
-
-
-async def _exited(pidfd: int, within: float) -> None:
-    """Wait until the process behind ``pidfd`` has exited (a pidfd turns readable)."""
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-
-    def exited() -> None:
-        if not gone.done():
-            gone.set_result(None)
-
-    loop.add_reader(pidfd, exited)
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(gone, within)
-    finally:
-        loop.remove_reader(pidfd)
-
-
-class SandboxedCommand:
-    """A running sandboxed command: bwrap (our child) and the sandbox's PID 1 under it."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, init: asyncio.Future[int | None],
-                 info: asyncio.BaseTransport, cgroup: CommandCgroup | None) -> None:
-        self._proc = proc
-        self._init = init
-        self._info = info
-        self._cgroup = cgroup
-        self._killed = False
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
-
-    def _pidfd(self) -> int | None:
-        return self._init.result() if self._init.done() else None
-
-    async def kill(self) -> None:
-        """Kill everything the command started; return once all of it is gone."""
-        if self._killed:
-            return
-        if (pidfd := self._pidfd()) is not None:
-            _signal(pidfd)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        await self._proc.wait()
-        with contextlib.suppress(TimeoutError):  # bwrap is gone: its pipe closes now
-            await asyncio.wait_for(asyncio.shield(self._init), _KILL_WAIT)
-        self._info.close()
-        self._killed = True
-        if not self._init.done():  # never seen: close it whenever it comes
-            self._init.add_done_callback(lambda f: _close(f.result()))
-        elif (pidfd := self._init.result()) is not None:
-            try:
-                _signal(pidfd)  # PID 1 going takes its PID namespace along
-                await _exited(pidfd, _KILL_WAIT)
-            finally:
-                os.close(pidfd)
-        if self._cgroup is not None:
-            await self._cgroup.kill_and_remove()
-
-
-def _close(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
-
-
-def _signal(pidfd: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-
-
-@dataclass(frozen=True, slots=True)
-class NoSandbox:
-    reason: str
-
-
-_FOUND: dict[SandboxSpec, Sandbox | NoSandbox] = {}
-
-
-async def find_sandbox(spec: SandboxSpec) -> Sandbox | NoSandbox:
-    """The sandbox for ``spec`` if one can be made here — tried for real, by running a command
-    in it — else why not. Asked once per process: the answer does not change while we run."""
-    if spec not in _FOUND:
-        _FOUND[spec] = await _find(spec)
-    return _FOUND[spec]
-
-
-def _host_root() -> bool:
-    """Is our real uid the host's root (uid 0 of the initial user namespace), for whom the
-    kernel ignores RLIMIT_NPROC? Root of a rootless container is another uid outside."""
-    if os.getuid() != 0:
-        return False
-    try:
-        fields = [int(x) for x in Path("/proc/self/uid_map").read_text().split()]
-    except (OSError, ValueError):
-        return True
-    for inside, outside, count in zip(fields[0::3], fields[1::3], fields[2::3], strict=False):
-        if inside == 0 and count > 0:
-            return outside == 0
-    return True
-
-
-async def _output(*argv: str) -> str:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
-        async with asyncio.timeout(_TRIAL_TIMEOUT):
-            out, _ = await proc.communicate()
-    except (OSError, TimeoutError):
-        return ""
-    return out.decode(errors="replace")
-
-
-async def _find(spec: SandboxSpec) -> Sandbox | NoSandbox:
-    if not sys.platform.startswith("linux"):
-        return NoSandbox(f"no sandbox on {sys.platform}: exec needs Linux and bubblewrap")
-    bwrap = shutil.which(spec.bwrap)
-    if bwrap is None:
-        return NoSandbox(f"bubblewrap not found ({spec.bwrap!r} is not a program on PATH); "
-                         "install it (Debian, Ubuntu: apt install bubblewrap)")
-    prlimit = shutil.which("prlimit", path=SANDBOX_PATH)
-    if prlimit is None:
-        return NoSandbox("prlimit (util-linux) not found: it sets the sandbox's limits")
-    version = (await _output(bwrap, "--version")).strip().removeprefix("bubblewrap ")
-    usage = await _output(bwrap, "--help")
-    cgroups = None
-    if _host_root():
-        found = await asyncio.to_thread(find_pids_cgroups)
-        if isinstance(found, str):
-            return NoSandbox("running as root, whose processes the kernel does not count, and "
-                             f"{found}; run the gateway as an ordinary user, or give it a "
-                             "writable /sys/fs/cgroup")
-        cgroups = found
-    sandbox = Sandbox(spec=spec, bwrap=bwrap, prlimit=prlimit, version=version or "?",
-                      tmpfs_size="--size" in usage, disable_userns="--disable-userns" in usage,
-                      cgroups=cgroups)
-    problem = await _trial(sandbox)
-    if problem:
-        return NoSandbox(f"bubblewrap cannot make a sandbox here: {problem}")
-    return sandbox
-
-
-async def _trial(sandbox: Sandbox) -> str | None:
-    """Run one command in the sandbox; None when it worked, else what went wrong."""
-    with tempfile.TemporaryDirectory(prefix="parley-probe-") as workspace:
-        read, write = os.pipe()
-        try:
-            try:
-                cmd = await sandbox.start("echo sandbox-ok", cwd=Path(workspace), stdout=write,
-                                          stderr=write)
-            except (OSError, ToolError) as exc:
-                return str(exc)
-            finally:
-                os.close(write)
-            try:
-                async with asyncio.timeout(_TRIAL_TIMEOUT):
-                    code: int | None = await cmd.wait()
-            except TimeoutError:
-                code = None
-            finally:
-                await cmd.kill()
-            text = os.read(read, 65536).decode(errors="replace").strip()  # its writers are gone
-        finally:
-            os.close(read)
-    if code == 0 and text == "sandbox-ok":
-        return None
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else f"exit status {code}"

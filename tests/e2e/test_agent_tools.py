@@ -1,9 +1,12 @@
-"""web_fetch, spawn and MCP through the whole gateway: the local channel's HTTP API in front,
-the scripted model behind, a local web server and the test MCP server as real processes."""
+"""web_fetch, spawn, MCP and exec through the whole gateway: the local channel's HTTP API in
+front, the scripted model behind, a local web server, the test MCP server and bubblewrap as
+real processes."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -90,6 +93,39 @@ async def test_web_fetch_through_the_gateway(run_gateway: Any, llm: ScriptedLLM)
         assert "Title: Menu" in result and "Lunch" in result and "tomato" in result
     finally:
         await runner.cleanup()
+
+
+# exec --------------------------------------------------------------------------------------
+
+async def test_exec_runs_in_the_sandbox(run_gateway: Any, llm: ScriptedLLM,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed; `make test` installs it")
+    caplog.set_level(logging.INFO, logger="gateway.app")
+    llm.tool_call("exec", {"command": "cat /proc/sys/kernel/hostname; ls -A ..; "
+                                      "tr '\\0' ' ' < /proc/1/environ"})
+    llm.reply("done")
+    gw, client = await run_gateway()
+    assert (await ask(client, "c1", "look around"))["text"] == "done"
+    [result] = tool_results(llm.requests[1])
+    assert result.splitlines()[:2] == ["sandbox", "workspace"]  # not the data folder beside it
+    assert "sk-test" not in result and result.endswith("[exit code: 0]")
+    assert gw.health()["exec"].startswith("sandboxed (bubblewrap ")
+    assert any(r.getMessage().startswith("exec: sandboxed (") for r in caplog.records)
+
+
+async def test_without_a_sandbox_exec_is_not_offered(run_gateway: Any, llm: ScriptedLLM,
+                                                     tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    llm.reply("fine")
+    missing = str(tmp_path / "no-bwrap")
+    gw, client = await run_gateway(agent={"tools": {"exec": {"sandbox": {"bwrap": missing}}}})
+    assert (await ask(client, "c1", "hello"))["text"] == "fine"
+    names = tool_names(llm.last_request)
+    assert "exec" not in names and "read_file" in names
+    assert gw.health()["exec"].startswith("off — bubblewrap not found")
+    [warning] = [r for r in caplog.records if r.getMessage().startswith("exec: ")]
+    assert warning.levelno == logging.WARNING and "off — bubblewrap not found" in warning.message
 
 
 # spawn -------------------------------------------------------------------------------------

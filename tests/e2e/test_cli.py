@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -181,6 +182,26 @@ async def test_gateway_process_serves_and_stops_on_sigterm(tmp_path: Path,
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_status_says_how_exec_runs_and_why_not(tmp_path: Path) -> None:
+    def exec_line(out: str) -> str:
+        [line] = [line for line in out.splitlines() if line.startswith("exec:")]
+        return line
+
+    missing = {"sandbox": {"bwrap": str(tmp_path / "no-bwrap")}}
+    for name, exec_config, expected in [
+        ("off", missing, "exec:     off — bubblewrap not found ('"),
+        ("unsafe", {**missing, "dangerously_run_unsandboxed": True}, "exec:     UNSANDBOXED — "),
+        ("sandboxed", {}, "exec:     sandboxed (bubblewrap "),
+    ]:
+        if name == "sandboxed" and shutil.which("bwrap") is None:
+            continue  # `make test` installs it; without it the first case is what you get
+        (tmp_path / name).mkdir()
+        config = write_config(tmp_path / name, None, tools={"exec": exec_config})
+        code, out, err = await parley("status", "--config", str(config))
+        assert code == 0, err
+        assert exec_line(out).startswith(expected), out
 
 
 @pytest.mark.parametrize("args", [["status"], ["sessions", "list"]])

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from agent.tools.base import ToolRegistry
-from agent.tools.sandbox import NoSandbox, Sandbox, SandboxSpec, find_sandbox
+from agent.tools.sandbox import Sandbox, SandboxSpec
+from agent.tools.sandbox_probe import NoSandbox, find_sandbox
 from agent.tools.shell import CommandRunner, exec_tool
 from agent.turn import TurnContext
 from gateway.kernel.config import ExecToolConfig, ToolsConfig

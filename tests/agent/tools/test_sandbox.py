@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.tools import build_registry
-from agent.tools import sandbox as sandbox_module
+from agent.tools import build_registry, sandbox_probe
 from agent.tools.exec_access import GatewayFiles, HostRunner, resolve_exec_access
-from agent.tools.sandbox import NoSandbox, Sandbox, SandboxSpec, find_sandbox, sandbox_env
+from agent.tools.sandbox import Sandbox, SandboxSpec, sandbox_env
+from agent.tools.sandbox_probe import NoSandbox, find_sandbox
 from agent.tools.shell import check_command
 from gateway.kernel.config import ExecSandboxConfig, ExecToolConfig, ToolsConfig
 from tests.agent.tools.conftest import Exec, exec_with, make_ctx, real_sandbox
@@ -306,9 +306,9 @@ async def test_without_bubblewrap_exec_is_off_and_not_offered(tmp_path: Path) ->
 async def test_root_without_a_pids_cgroup_gets_no_sandbox(
         monkeypatch: pytest.MonkeyPatch) -> None:
     await real_sandbox()  # skips where bubblewrap is missing: then that is the reason
-    monkeypatch.setattr(sandbox_module, "_FOUND", {})
-    monkeypatch.setattr(sandbox_module, "_host_root", lambda: True)
-    monkeypatch.setattr(sandbox_module, "find_pids_cgroups",
+    monkeypatch.setattr(sandbox_probe, "_FOUND", {})
+    monkeypatch.setattr(sandbox_probe, "_host_root", lambda: True)
+    monkeypatch.setattr(sandbox_probe, "find_pids_cgroups",
                         lambda: "no cgroup hierarchy with the pids controller is mounted")
     found = await find_sandbox(SandboxSpec())
     assert isinstance(found, NoSandbox)
