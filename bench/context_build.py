@@ -99,12 +99,15 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
     from agent.context import ContextBuilder
     from agent.provider import context_window
     from agent.tools import build_registry
+    from agent.tools.exec_access import GatewayFiles, resolve_exec_access
     from channels.local import LocalChannel, make_inbound
     from gateway.kernel.store import Store
 
     config = _config(root)
     counter = TokenCounter(config.agent.model)
-    registry = build_registry(config.agent.tools, **_registry_options(build_registry, config))
+    access = await resolve_exec_access(config.agent.tools.exec, GatewayFiles.of(config))
+    registry = build_registry(config.agent.tools, **_registry_options(build_registry, config),
+                              exec_access=access)
     tools_tokens = counter.count_tools(registry.schemas())
     window = None
     if config.agent.context.max_context_tokens is None:

@@ -163,6 +163,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
     add("7", "first \"hello\": tokens (o200k)", _get(r, "request.tokens_o200k.total"), "{:,.0f}",
         "", None)
     add("7", "first \"hello\": request bytes", req.get("bytes"), "{:,.0f} B", "", None)
+    add("8", "exec `echo hi` p50, sandboxed (bubblewrap)", _get(r, "exec.sandboxed.p50_ms"),
+        "{:.2f} ms", "", None)
+    add("8", "exec `echo hi` p50, on the host (unsandboxed runner)",
+        _get(r, "exec.host.p50_ms"), "{:.2f} ms", "", None)
+    add("8", "exec: the sandbox's cost per command (p50 difference)",
+        _get(r, "exec.overhead_p50_ms"), "{:.2f} ms", "", None)
     return out
 
 

@@ -87,6 +87,8 @@ class Gateway:
             raise RuntimeError(f"gateway already {self._state}")
         self._state = "starting"
         self._started_at = time.monotonic()
+        # Trying the sandbox runs a command (tens of ms): alongside opening the database.
+        exec_probe = asyncio.create_task(self._resolve_exec(), name="exec-sandbox-probe")
         try:
             self.prepare_workspace()
             self.store = await Store.open(self.config.db_path)
@@ -96,7 +98,7 @@ class Gateway:
                 self.manager.add(channel)
             for channel in self._extra:
                 self.manager.add(channel)
-            self.exec_access = await self._resolve_exec()
+            self.exec_access = await exec_probe
             self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
                                    provider=self.provider,
                                    registry=build_registry(
@@ -118,6 +120,8 @@ class Gateway:
                                                     name="llm-warm-up")
         except BaseException:
             self._state = "failed"
+            exec_probe.cancel()
+            await asyncio.gather(exec_probe, return_exceptions=True)
             await self._teardown()
             raise
         self._state = "running"
