@@ -14,11 +14,12 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from agent.budget import TokenCounter
+from agent.net.aiohttp_client import GuardedResolver
+from agent.net.policy import AllowList, BlockedAddress, Guard, blocked_reason
 from agent.tools import build_registry
 from agent.tools.base import ToolRegistry
 from agent.tools.html_text import fallback_html_to_text, html_to_text
 from agent.tools.web import WEB_FETCH_TOOLS, WEB_SEARCH_TOOLS
-from agent.tools.web_guard import AllowList, BlockedAddress, GuardedResolver, blocked_reason
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, ToolsConfig, WebToolsConfig, parse_config
 from gateway.kernel.events import InboundMessage
@@ -183,7 +184,7 @@ class _FlipResolver(AbstractResolver):
 
 
 async def test_the_resolver_checks_every_answer_it_hands_to_the_connector() -> None:
-    resolver = GuardedResolver(AllowList(), inner=_FlipResolver())
+    resolver = GuardedResolver(Guard(), inner=_FlipResolver())
     first = await resolver.resolve("rebind.example", 80)
     assert [r["host"] for r in first] == ["93.184.216.34"]
     with pytest.raises(BlockedAddress, match="rebind.example resolves to 127.0.0.1"):
@@ -261,15 +262,22 @@ async def test_loopback_is_refused_by_default(site: Site, tmp_path: Path) -> Non
 
 async def test_redirect_to_loopback_is_refused_unless_allowed(site: Site,
                                                               tmp_path: Path) -> None:
-    # localhost is allowed by name; its redirect to the literal 127.0.0.1 is checked again.
-    start = site.url(f"/to/{site.url('/text')}", host="localhost")
-    text, error = await fetch(make_ctx(tmp_path, allow_hosts=["localhost"]), start)
-    assert error and "refused to fetch" in text and "127.0.0.1 is a loopback" in text
-    assert "redirected from" in text
-    assert site.hits == [f"/to/{site.url('/text')}"]
+    # localhost is allowed by name (its addresses, at the port connected to); a redirect to
+    # the literal 127.0.0.1 at another server's port is checked again.
+    other = Site()
+    await other.start()
+    try:
+        start = site.url(f"/to/{other.url('/text')}", host="localhost")
+        text, error = await fetch(make_ctx(tmp_path, allow_hosts=["localhost"]), start)
+        assert error and "refused to fetch" in text and "127.0.0.1 is a loopback" in text
+        assert "redirected from" in text
+        assert site.hits == [f"/to/{other.url('/text')}"] and other.hits == []
 
-    text, error = await fetch(make_ctx(tmp_path, allow_hosts=["localhost", "127.0.0.1"]), start)
-    assert not error and "hello from the test server" in text
+        text, error = await fetch(make_ctx(tmp_path, allow_hosts=["localhost", "127.0.0.1"]),
+                                  start)
+        assert not error and "hello from the test server" in text and other.hits == ["/text"]
+    finally:
+        await other.stop()
 
 
 async def test_redirect_to_another_scheme_is_not_followed(site: Site, tmp_path: Path) -> None:
