@@ -11,6 +11,7 @@ those through (at that port).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,8 +34,11 @@ class BlockedAddress(OSError):
     refused connection); ``reason`` says why."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(errno.EACCES, reason)  # strerror: what aiohttp's error shows
         self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,7 @@ def address_kind(address: IPAddress) -> str | None:
         return "cloud-metadata"
     if isinstance(address, ipaddress.IPv6Address) and address in _NAT64_LOCAL:
         return "private"
-    for kind in ("loopback", "link_local", "private", "multicast", "unspecified", "reserved"):
+    for kind in ("loopback", "unspecified", "link_local", "multicast", "private", "reserved"):
         if getattr(address, f"is_{kind}"):
             return kind.replace("_", "-")
     return None if address.is_global else "non-public"
@@ -104,6 +108,13 @@ def address_kind(address: IPAddress) -> str | None:
 def _shown(text: str, address: IPAddress) -> str:
     embedded = embedded_ipv4(address)
     return f"{text} (IPv4 {embedded})" if embedded is not None else text
+
+
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return parse_address(host_key(host))
+    except ValueError:
+        return None
 
 
 def blocked_reason(host: str, addresses: Sequence[str], allow: AllowList,
@@ -124,7 +135,7 @@ def blocked_reason(host: str, addresses: Sequence[str], allow: AllowList,
             return f"{host} resolved to {text!r}, which is not an IP address"
         kind = address_kind(address)
         if kind is not None and not allow.allows_address(address):
-            shown = _shown(host, address) if host == text else \
+            shown = _shown(host, address) if _literal(host) == address else \
                 f"{host} resolves to {_shown(text, address)}, which"
             return f"{shown} is a {kind} address; {hint}"
     return None

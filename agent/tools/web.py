@@ -59,21 +59,33 @@ def _allow(config: WebToolsConfig) -> AllowList:
 
 
 def _check_url(url: str, redirects: list[str]) -> None:
-    """ToolRetry for a URL the model got wrong, ToolError for a redirect off http/https.
+    """ToolRetry for a URL the model got wrong; ToolError when a redirect led there.
     Addresses are not judged here, on the text: the connection is (``agent.net``)."""
     parts = urlsplit(url)
+    problem = None
     if parts.scheme not in ("http", "https"):
-        if redirects:
-            raise ToolError(f"the page redirected to {url!r}; only http and https are followed")
-        raise ToolRetry(f"only http and https URLs can be fetched, not {url!r}")
-    if not parts.hostname:
-        raise ToolRetry(f"{url!r} has no host name")
-    if parts.username or parts.password:
-        raise ToolRetry("URLs with a user name or password are not fetched")
+        problem = "only http and https URLs are fetched"
+    elif not parts.hostname:
+        problem = "the URL has no host name"
+    elif parts.username or parts.password:
+        problem = "URLs with a user name or password are not fetched"
+    if problem and redirects:
+        raise ToolError(f"refused to follow the redirect to {url!r}{_hop(redirects)}: "
+                        f"{problem}")
+    if problem:
+        raise ToolRetry(f"{problem}, not {url!r}")
 
 
 def _hop(redirects: list[str]) -> str:
     return f" (redirected from {redirects[0]})" if redirects else ""
+
+
+def _join(base: URL, location: str, redirects: list[str]) -> str:
+    try:
+        return str(base.join(URL(location)))
+    except ValueError:
+        raise ToolError(f"refused to follow the redirect to {location!r}{_hop(redirects)}: "
+                        "it is not a valid URL") from None
 
 
 async def fetch(url: str, config: WebToolsConfig) -> Page:
@@ -91,7 +103,7 @@ async def fetch(url: str, config: WebToolsConfig) -> Page:
                     location = resp.headers.get("Location")
                     if resp.status in _REDIRECTS and location:
                         redirects.append(url)
-                        url = str(resp.url.join(URL(location)))
+                        url = _join(resp.url, location, redirects)
                         continue
                     body, truncated = await _read_capped(resp, config.max_bytes)
                     return Page(url=str(resp.url), status=resp.status,
@@ -105,6 +117,9 @@ async def fetch(url: str, config: WebToolsConfig) -> Page:
                 raise ToolError(f"could not connect to {urlsplit(url).netloc}: "
                                 f"{exc.os_error.strerror or exc}") from None
             except aiohttp.InvalidURL:
+                if redirects:
+                    raise ToolError(f"refused to follow the redirect to {url!r}"
+                                    f"{_hop(redirects)}: it is not a valid URL") from None
                 raise ToolRetry(f"{url!r} is not a valid URL") from None
             except aiohttp.ClientError as exc:
                 raise ToolError(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
