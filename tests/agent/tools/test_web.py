@@ -1,5 +1,5 @@
-"""web_fetch against a local HTTP server, the SSRF guard as a pure function, and web_search
-against a local stand-in for Brave and SearXNG."""
+"""web_fetch against a local HTTP server and web_search against a local stand-in for Brave and
+SearXNG. The guard itself: ``tests/agent/net/`` and ``tests/agent/test_web_guard_forms.py``."""
 
 from __future__ import annotations
 
