@@ -61,19 +61,27 @@ def _allow(config: WebToolsConfig) -> AllowList:
 def _check_url(url: str, redirects: list[str]) -> None:
     """ToolRetry for a URL the model got wrong; ToolError when a redirect led there.
     Addresses are not judged here, on the text: the connection is (``agent.net``)."""
-    parts = urlsplit(url)
-    problem = None
-    if parts.scheme not in ("http", "https"):
-        problem = "only http and https URLs are fetched"
-    elif not parts.hostname:
-        problem = "the URL has no host name"
-    elif parts.username or parts.password:
-        problem = "URLs with a user name or password are not fetched"
+    problem = _url_problem(url)
     if problem and redirects:
         raise ToolError(f"refused to follow the redirect to {url!r}{_hop(redirects)}: "
                         f"{problem}")
     if problem:
-        raise ToolRetry(f"{problem}, not {url!r}")
+        raise ToolRetry(f"{problem}: {url!r}")
+
+
+def _url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not one raises here
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https"):
+        return "only http and https URLs are fetched"
+    if not parts.hostname:
+        return "the URL has no host name"
+    if parts.username or parts.password:
+        return "URLs with a user name or password are not fetched"
+    return None
 
 
 def _hop(redirects: list[str]) -> str:
@@ -116,7 +124,7 @@ async def fetch(url: str, config: WebToolsConfig) -> Page:
                                     f"{reason}") from None
                 raise ToolError(f"could not connect to {urlsplit(url).netloc}: "
                                 f"{exc.os_error.strerror or exc}") from None
-            except aiohttp.InvalidURL:
+            except ValueError:  # aiohttp's InvalidURL, or yarl's own
                 if redirects:
                     raise ToolError(f"refused to follow the redirect to {url!r}"
                                     f"{_hop(redirects)}: it is not a valid URL") from None

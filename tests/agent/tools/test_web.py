@@ -240,7 +240,9 @@ async def test_bad_urls_go_back_to_the_model(tmp_path: Path) -> None:
                           ("http://[::1]:9/", "::1 is a loopback"),
                           ("http://[::ffff:7f00:1]:9/", "loopback"),
                           ("http://0x7f000001:9/", "resolves to 127.0.0.1"),
-                          ("http://127.1:9/", "not a valid URL")):
+                          ("http://127.1:9/", "not a valid URL"),
+                          ("http://[::1/", "not a valid URL"),
+                          ("http://127.0.0.1:99999/", "not a valid URL")):
         text, error = await fetch(ctx, url)
         assert error and expected in text, (url, text)
 
