@@ -323,6 +323,11 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
     out.print(f"session {snap['session_key']}, turn {number} of {count} ({snap['turn_id']})",
               highlight=False)
     out.print(f"hash {snap['hash']}", highlight=False)
+    if "trust" in snap:  # snapshots from before trust levels have none
+        owner = "with" if snap.get("owner_files") else "without"
+        scopes = ", ".join(snap.get("memory_scopes", [])) or "none"
+        out.print(f"sender trust {snap['trust']}, {owner} the owner's files; memory: {scopes}",
+                  highlight=False)
     out.print(f"tokens {snap['total_tokens']:,} of {snap['max_context_tokens']:,}",
               highlight=False)
     notes: dict[str, list[str]] = {}
