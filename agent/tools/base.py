@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from agent.trust import ALL_TOOLS, ToolFilter
 from agent.turn import TurnContext
+from gateway.kernel.secrets import SECRETS
 
 _log = logging.getLogger(__name__)
 
@@ -186,11 +187,15 @@ class ToolRegistry:
             if not isinstance(args, dict):
                 return ToolResult(f"Error: arguments for {name} must be a JSON object.", True)
         try:
-            return ToolResult(await t(ctx, args))
+            result = ToolResult(await t(ctx, args))
         except asyncio.CancelledError:
             raise
         except ToolError as exc:
-            return ToolResult(f"Error: {exc}", True)
+            result = ToolResult(f"Error: {exc}", True)
         except Exception as exc:
             _log.exception("tool %s failed", name)
-            return ToolResult(f"Error: {name} failed: {type(exc).__name__}: {exc}", True)
+            result = ToolResult(f"Error: {name} failed: {type(exc).__name__}: {exc}", True)
+        # Whatever a tool read or a library put in an error, the gateway's secrets (and their
+        # encodings) never reach the model, the history or the chat.
+        text = SECRETS.redact(result.text)
+        return result if text is result.text else ToolResult(text, result.is_error)
