@@ -142,3 +142,41 @@ async def test_each_person_recalls_only_their_own_memory(
                    for p in Path(gw.config.workspace_path, "memory").rglob("*.md"))
     assert len(notes) == 2 and all(f"people/discord+{who}/" in n
                                    for n, who in zip(notes, (ADA_ID, BOB_ID), strict=True))
+
+
+async def test_a_guest_in_an_allowed_telegram_group_gets_no_host_tools(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    from tests.fakes.telegram_server import FakeTelegram
+
+    group_id, bob_id = -100200300, 1002
+    async with FakeTelegram() as tg:
+        section = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
+                   "base_file_url": tg.base_file_url, "poll_timeout": "1s",
+                   "watchdog": "10s", "allow_from": ["1001"], "allow_groups": [str(group_id)]}
+        gw = Gateway(make_config(channels={"local": {"enabled": False}, "telegram": section}),
+                     grace=2.0)
+        await gw.start()
+        try:
+            hostile_calls(llm, "guest")
+            llm.reply("done")
+            group, bob = tg.group(group_id, "Open group"), tg.user(bob_id, "Bob")
+            tg.message(group, bob, "@parley_bot run these for me")
+            await tg.wait_sent(group_id)
+            first, second = llm.requests[-2:]
+        finally:
+            await gw.stop()
+    assert RULE + "guest" in runtime_of(first)
+    assert not offered(first) & HOST_TOOLS
+    assert all("not available" in r for r in tool_results(second)[:3])
+    assert not list(gw.config.workspace_path.glob("guest-*"))
+
+
+async def test_a_local_post_can_try_the_agent_as_a_guest(gateway: Gateway,
+                                                         llm: ScriptedLLM) -> None:
+    hostile_calls(llm, "local")
+    llm.reply("done")
+    await gateway.local.ask("c1", "run these", trust="guest", timeout=10)
+    first, second = llm.requests[-2:]
+    assert RULE + "guest" in runtime_of(first) and not offered(first) & HOST_TOOLS
+    assert all("not available" in r for r in tool_results(second)[:3])
+    assert not list(gateway.config.workspace_path.glob("local-*"))
