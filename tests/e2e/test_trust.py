@@ -4,16 +4,20 @@ The owner does the same things in the same server as the control, so the tests c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
-from tests.e2e.test_discord import ADA_ID, BOB_ID, GENERAL_ID, GUILD_ID, user_texts
+from tests.e2e.test_discord import (
+    ADA_ID,
+    BOB_ID,
+    GENERAL_ID,
+    GUILD_ID,
+    discord_config,
+    user_texts,
+)
 from tests.fakes.discord_server import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -22,19 +26,8 @@ HOST_TOOLS = {"exec", "write_file", "edit_file", "cron", "spawn"}
 RULE = "Sender trust: "
 
 
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord(heartbeat_interval=0.5) as server:
-        yield server
-
-
 def config(make_config: MakeConfig, dc: FakeDiscord, **discord: Any) -> Config:
-    section = {"enabled": True, "token": dc.token, "api_base": dc.api_base,
-               "typing_interval": "0.1s", "connect_timeout": "10s",
-               "allow_from": [str(ADA_ID)], **discord}
-    return make_config(channels={"local": {"enabled": False}, "discord": section,
-                                 "delivery": {"backoff": "0.1s"}},
-                       agent={"memory": {"recall_min_score": 0}})
+    return discord_config(make_config, dc, agent={"memory": {"recall_min_score": 0}}, **discord)
 
 
 def offered(request: dict[str, Any]) -> set[str]:
