@@ -173,3 +173,17 @@ async def test_a_local_post_can_try_the_agent_as_a_guest(gateway: Gateway,
     assert RULE + "guest" in runtime_of(first) and not offered(first) & HOST_TOOLS
     assert all("not available" in r for r in tool_results(second)[:3])
     assert not list(gateway.config.workspace_path.glob("local-*"))
+
+
+async def test_a_guest_in_a_group_cannot_reset_stop_or_compact_it(gateway: Gateway,
+                                                                   llm: ScriptedLLM) -> None:
+    group = {"chat_type": "group", "mentioned": True}
+    status = await gateway.local.ask("g1", "/status", trust="guest", timeout=10, **group)
+    assert "Your trust level: guest" in status
+    assert "read_file" in status and "write_file" not in status and "exec" not in status
+    for command in ("/new", "/stop", "/compact"):
+        answer = await gateway.local.ask("g1", command, trust="guest", timeout=10, **group)
+        assert "only members and the owner" in answer, answer
+    member = await gateway.local.ask("g1", "/new", trust="member", timeout=10, **group)
+    assert member.startswith("Started a new conversation")
+    assert llm.calls == 0
