@@ -19,6 +19,7 @@ from gateway.kernel.config_fields import (
     Section,
     check_target,
 )
+from gateway.kernel.config_trust import TrustConfig
 
 
 class CompactionConfig(Section):
@@ -225,6 +226,7 @@ class AgentConfig(Section):
     tools: ToolsConfig = ToolsConfig()
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()
+    trust: TrustConfig = TrustConfig()
 
     @field_validator("timezone")
     @classmethod

@@ -33,6 +33,7 @@ def stdio(name: str = "fake", **extra: Any) -> dict[str, Any]:
 
 def ctx(tmp_path: Path) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=tmp_path)
 

@@ -29,7 +29,7 @@ def registry(config: Config) -> ToolRegistry:
 
 def parent_ctx(config: Config, session_id: int = 1) -> TurnContext:
     msg = InboundMessage(session_override="local:c1", channel="local", chat_id="c1",
-                         sender_id="u1", text="", thread_id="t7",
+                         sender_id="u1", trust="owner", text="", thread_id="t7",
                          received_at=datetime(2026, 3, 2, 9, 30, tzinfo=UTC))
     return TurnContext(message=msg, session_id=session_id, workspace=config.workspace_path,
                        tools=config.agent.tools)

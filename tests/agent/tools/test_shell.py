@@ -25,6 +25,7 @@ REGISTRY = ToolRegistry(FILE_TOOLS + SHELL_TOOLS)
 
 def make_ctx(workspace: Path, **exec_config: Any) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=workspace,
                        tools=ToolsConfig(exec=ExecToolConfig(**exec_config)))

@@ -113,6 +113,7 @@ async def site() -> AsyncIterator[Site]:
 
 def make_ctx(tmp_path: Path, **web_config: Any) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=tmp_path,
                        tools=ToolsConfig(web=WebToolsConfig(**web_config)))
