@@ -15,6 +15,7 @@ from agent.context import BuiltContext, ContextBuilder
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
 from agent.tools.base import ToolRegistry
+from agent.trust import Audience, ToolFilter
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Compaction, Store, StoredMessage
@@ -32,7 +33,7 @@ class ContextAssembly:
         self.counter = counter
         self.hints = hints
         self._builder: ContextBuilder | None = None
-        self._tools_tokens: tuple[list[dict[str, Any]], int] | None = None
+        self._tools_tokens: dict[ToolFilter, tuple[list[dict[str, Any]], int]] = {}
 
     @property
     def builder(self) -> ContextBuilder:
@@ -60,21 +61,28 @@ class ContextAssembly:
         history = await self.store.recent_messages(session_id, limit + 1, from_id=start)
         return (history[1:], True) if len(history) > limit else (history, False)
 
+    def audience(self, msg: InboundMessage) -> Audience:
+        """What the sender of ``msg`` may see and do (``agent/trust.py``)."""
+        return self.builder.policy.audience(msg)
+
     def build(self, msg: InboundMessage, history: list[StoredMessage],
               compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
+        audience = self.audience(msg)
         return self.builder.build(
             inbound=msg, history=history,
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
-            tools_tokens=self._schema_tokens(), session_key=msg.session_key,
-            turn_id=turn_id, compaction=compaction)
+            tools_tokens=self._schema_tokens(audience.tools), session_key=msg.session_key,
+            turn_id=turn_id, compaction=compaction, audience=audience)
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""
         return TurnBudget(limit=self.room, used=built.snapshot["total_tokens"],
                           count=self.counter.count_message)
 
-    def _schema_tokens(self) -> int:
-        schemas = self.registry.schemas()  # a new list only when tools come or go (MCP)
-        if self._tools_tokens is None or self._tools_tokens[0] is not schemas:
-            self._tools_tokens = (schemas, self.counter.count_tools(schemas))
-        return self._tools_tokens[1]
+    def _schema_tokens(self, allowed: ToolFilter) -> int:
+        # A new list only when tools come or go (MCP), so each audience's count is cached.
+        schemas = self.registry.schemas(allowed)
+        cached = self._tools_tokens.get(allowed)
+        if cached is None or cached[0] is not schemas:
+            cached = self._tools_tokens[allowed] = (schemas, self.counter.count_tools(schemas))
+        return cached[1]

@@ -14,6 +14,7 @@ from gateway.kernel.values import COMMAND_DESCRIPTIONS
 class CommandInfo:
     model: str
     tools: list[str]
+    """The tools offered to the sender of the command (their trust level's)."""
     queued: int = 0
 
 
@@ -58,8 +59,23 @@ async def _status(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
         f"Last context: {last} tokens",
         f"Usage: {calls} model call(s), {tokens_in:,} tokens in, {tokens_out:,} out",
         f"Waiting messages: {info.queued}",
+        f"Your trust level: {msg.trust}",
         f"Tools: {', '.join(info.tools) or 'none'}",
     ])
+
+
+SHARED_STATE = frozenset({"new", "compact", "stop"})
+"""Commands that change a conversation everyone in a group shares."""
+
+
+def refused(msg: InboundMessage) -> str | None:
+    """Why ``msg``'s command is not run, or None: a guest in a group may not reset, compact or
+    stop the conversation the others are having."""
+    name = parse_command(msg.text)[0]
+    if name in SHARED_STATE and msg.trust == "guest" and msg.chat_type == "group":
+        return (f"/{name} changes the conversation everyone here shares; only members and "
+                "the owner can use it in a group.")
+    return None
 
 
 COMMANDS: dict[str, Handler] = {"help": _help, "start": _start, "new": _new, "status": _status}

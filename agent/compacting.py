@@ -67,7 +67,8 @@ class SessionCompaction:
         focus = parse_command(msg.text)[1] or None
         session = await self.store.active_session(msg.session_key)
         ctx = TurnContext(message=msg, session_id=session.id,
-                          workspace=self.config.workspace_path, tools=self.config.agent.tools)
+                          workspace=self.config.workspace_path, tools=self.config.agent.tools,
+                          audience=self.assembly.audience(msg))
         previous = await self.store.compaction(session.id)
         try:
             entry = await self.compact(ctx, previous, keep_share=self.settings.keep_recent_share,
@@ -105,11 +106,16 @@ class SessionCompaction:
         """A silent turn: the agent may save lasting facts before they are summarised.
         Nothing of it is stored in the conversation or delivered."""
         memory = self.registry.get("memory")
-        if memory is None:
+        audience = ctx.access
+        # Into the speaker's memory if they may keep one; a group's conversation into the
+        # group's own notes whoever spoke last.
+        if memory is None or not (audience.tools.allows("memory") or audience.group_notes):
             return
+        ctx = replace(ctx, audience=audience.for_flush())
         builder = self.assembly.builder
-        messages: list[dict[str, Any]] = [{"role": "system",
-                                           "content": builder.system_prompt().text}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system",
+             "content": builder.system_prompt(owner_files=audience.owner_files).text}]
         if previous is not None:
             messages.append(builder.summary_message(previous))
         messages += [m.body for m in old]

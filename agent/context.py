@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 import workspace as workspace_package
 from agent.budget import TokenCounter
+from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, event_to_dict
 from gateway.kernel.store import Compaction, StoredMessage
@@ -32,9 +33,10 @@ from workspace.bootstrap import (
     BOOTSTRAP_FILES,
     HEARTBEAT_FILE,
     MEMORY_FILE,
+    OWNER_FILES,
     BootstrapLoader,
 )
-from workspace.memory import MemoryStore, memory_store_for
+from workspace.memory import MemoryStore, memory_store_for, recall_block
 from workspace.skills import SkillsIndex
 
 _log = logging.getLogger(__name__)
@@ -91,10 +93,11 @@ def history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
 
 class ContextBuilder:
     def __init__(self, config: Config, counter: TokenCounter, *,
-                 window: int | None = None, builtin_skills: Path | None = BUILTIN_SKILLS
-                 ) -> None:
+                 window: int | None = None, builtin_skills: Path | None = BUILTIN_SKILLS,
+                 policy: TrustPolicy | None = None) -> None:
         self.config = config
         self.counter = counter
+        self.policy = policy or TrustPolicy(config.agent.trust)
         ctx = config.agent.context
         self.workspace = config.workspace_path
         self.max_context_tokens = ctx.max_context_tokens or window or DEFAULT_WINDOW
@@ -104,9 +107,8 @@ class ContextBuilder:
                                    self.workspace / "skills"])
         self.tz = ZoneInfo(config.agent.timezone)
         memory = config.agent.memory
-        self.memory: MemoryStore | None = memory_store_for(
-            self.workspace, memory, timezone=config.agent.timezone) if memory.enabled else None
-        self._system_cache: dict[bool, tuple[Any, SystemPrompt]] = {}
+        self.memory_enabled = memory.enabled
+        self._system_cache: dict[tuple[bool, bool], tuple[Any, SystemPrompt]] = {}
         self._summary_tokens: dict[int, int] = {}
         """Compaction id → its summary message's tokens: counted once, not every turn."""
 
@@ -123,17 +125,31 @@ class ContextBuilder:
             f"- Workspace: {self.workspace} (file tools and commands work here)",
         ])
 
-    def system_prompt(self, *, heartbeat: bool = False) -> SystemPrompt:
+    def system_prompt(self, *, heartbeat: bool = False, owner_files: bool = True
+                      ) -> SystemPrompt:
+        """The system prompt; without ``owner_files`` it leaves out USER.md and MEMORY.md
+        (a turn whose audience may not see the owner's facts)."""
         names = (*BOOTSTRAP_FILES, MEMORY_FILE) + ((HEARTBEAT_FILE,) if heartbeat else ())
+        if not owner_files:
+            names = tuple(n for n in names if n not in OWNER_FILES)
         skills = self.skills.skills()
         # The skills themselves, not their id(): ids of a freed index generation get reused.
         sig = (self.loader.signature(names), tuple(skills))
-        cached = self._system_cache.get(heartbeat)
+        key = (heartbeat, owner_files)
+        cached = self._system_cache.get(key)
         if cached and cached[0] == sig:
             return cached[1]
         prompt = self._build_system(names, skills, heartbeat)
-        self._system_cache[heartbeat] = (sig, prompt)
+        self._system_cache[key] = (sig, prompt)
         return prompt
+
+    def memory_stores(self, audience: Audience) -> list[MemoryStore]:
+        """The memory scopes ``audience`` reads, as (shared, cached) stores."""
+        if not self.memory_enabled:
+            return []
+        memory, tz = self.config.agent.memory, self.config.agent.timezone
+        return [memory_store_for(self.workspace, memory, timezone=tz, scope=scope)
+                for scope in audience.recall]
 
     def _build_system(self, names: tuple[str, ...], skills: list[Any],
                       heartbeat: bool) -> SystemPrompt:
@@ -141,7 +157,7 @@ class ContextBuilder:
         notes = tuple(f"{f.name}: {f.cut}" for f in files.values() if f.cut)
         parts: list[tuple[str, str]] = [("identity", self._identity())]
         for name in BOOTSTRAP_FILES:
-            if name in files and files[name].text:
+            if name in names and name in files and files[name].text:
                 parts.append((name, files[name].text))
         if MEMORY_FILE in files and files[MEMORY_FILE].text:
             parts.append(("memory", files[MEMORY_FILE].text))
@@ -163,11 +179,13 @@ class ContextBuilder:
 
     # runtime and user ---------------------------------------------------------------------
 
-    def recall(self, inbound: InboundMessage) -> str | None:
-        """Memory paragraphs that match the user's message, within the recall token cap."""
-        if self.memory is None or inbound.kind != "user" or not inbound.text.strip():
+    def recall(self, inbound: InboundMessage, audience: Audience | None = None) -> str | None:
+        """Memory paragraphs that match the user's message, from the scopes its sender may
+        read (``agent/trust.py``), within the recall token cap."""
+        if inbound.kind != "user" or not inbound.text.strip():
             return None
-        return self.memory.recall(inbound.text, counter=self.counter)
+        stores = self.memory_stores(audience or self.policy.audience(inbound))
+        return recall_block(stores, inbound.text, counter=self.counter)
 
     def runtime_block(self, inbound: InboundMessage, hints: ChannelHints,
                       recall: str | None = None) -> str:
@@ -186,6 +204,7 @@ class ContextBuilder:
         if inbound.thread_id:
             lines.append(f"Thread: {inbound.thread_id}")
         lines.append(f"Sender: {sender}")
+        lines.append(f"Sender trust: {inbound.trust}")
         if inbound.chat_type == "group":
             lines.append(f"Mentioned: {'yes' if inbound.mentioned else 'no'}")
         if inbound.kind != "user":
@@ -297,12 +316,16 @@ class ContextBuilder:
     def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
               turn_id: str = "", compaction: Compaction | None = None,
-              recall: str | None | bool = True) -> BuiltContext:
+              recall: str | None | bool = True, audience: Audience | None = None
+              ) -> BuiltContext:
         """``history`` is what was stored after ``compaction`` (if any), oldest first.
         ``recall``: True to search memory now; a replay passes the text the turn recalled
-        (memory may have changed since)."""
-        system = self.system_prompt(heartbeat=inbound.kind == "heartbeat")
-        recalled = self.recall(inbound) if recall is True else (recall or None)
+        (memory may have changed since). ``audience``: the sender's (from the policy when
+        not given)."""
+        audience = audience or self.policy.audience(inbound)
+        system = self.system_prompt(heartbeat=inbound.kind == "heartbeat",
+                                    owner_files=audience.owner_files)
+        recalled = self.recall(inbound, audience) if recall is True else (recall or None)
         runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
@@ -323,6 +346,8 @@ class ContextBuilder:
             trimmed.append("over budget even without history: the current input is kept whole")
         snapshot = {
             "session_key": session_key, "turn_id": turn_id, "hash": context_hash(messages),
+            "trust": inbound.trust, "owner_files": audience.owner_files,
+            "memory_scopes": [scope.name for scope in audience.recall],
             "total_tokens": total, "max_context_tokens": self.max_context_tokens,
             "layers": {**{layer.name: layer.tokens for layer in system.layers},
                        "tools": tools_tokens, "summary": summary_tokens,

@@ -16,7 +16,7 @@ from typing import Any
 
 from agent.queueing import Work, fold, next_batch
 from gateway.kernel.config import AgentConfig
-from gateway.kernel.events import InboundMessage
+from gateway.kernel.events import TRUST_RANK, InboundMessage, Trust
 from gateway.kernel.tasks import TaskSet
 
 STOP_WAIT = 5.0
@@ -32,12 +32,15 @@ class Lane:
     stop_requested: bool = False
     """The running turn was cancelled by ``/stop`` (not by a shutdown): it keeps what it did."""
 
-    def take_arrived(self) -> list[Work]:
-        """What a running turn may take up now (``steer`` mode): the waiting messages up to
-        the first command or context-only message, which are always handled on their own."""
+    def take_arrived(self, trust: Trust) -> list[Work]:
+        """What a running turn of a ``trust`` sender may take up now (``steer`` mode): the
+        waiting messages up to the first command, context-only message or less trusted
+        sender's message, which are handled on their own (a guest never steers the owner's
+        turn, whose tools are the owner's)."""
         taken = 0
         for work in self.waiting:
-            if work.msg.is_command or work.msg.context_only:
+            if work.msg.is_command or work.msg.context_only or \
+                    TRUST_RANK[work.msg.trust] < TRUST_RANK[trust]:
                 break
             taken += 1
         arrived = self.waiting[:taken]

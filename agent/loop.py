@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from agent.assembly import ContextAssembly
 from agent.budget import TokenCounter
-from agent.commands import IMMEDIATE, CommandInfo, parse_command, run_command
+from agent.commands import IMMEDIATE, CommandInfo, parse_command, refused, run_command
 from agent.compacting import SessionCompaction
 from agent.compaction import Compactor
 from agent.context import ContextBuilder
@@ -139,7 +139,9 @@ class AgentLoop:
 
     def submit(self, msg: InboundMessage) -> None:
         command = parse_command(msg.text)[0] if msg.is_command else None
-        if command in IMMEDIATE:
+        if command is not None and (why := refused(msg)) is not None:
+            self._tasks.spawn(self._answer(msg, why), f"command:{msg.session_key}")
+        elif command in IMMEDIATE:
             self._tasks.spawn(self._command(msg), f"command:{msg.session_key}")
         elif command == "stop":
             self._tasks.spawn(self._stop(msg), f"stop:{msg.session_key}")
@@ -175,7 +177,9 @@ class AgentLoop:
     # commands -----------------------------------------------------------------------------
 
     async def _command(self, msg: InboundMessage) -> None:
-        info = CommandInfo(model=self.config.agent.model, tools=self.registry.names,
+        allowed = self.assembly.audience(msg).tools
+        info = CommandInfo(model=self.config.agent.model,
+                           tools=[n for n in self.registry.names if allowed.allows(n)],
                            queued=self.lanes.waiting(msg.session_key))
         try:
             text = await run_command(msg, self.store, info)

@@ -1,12 +1,12 @@
 """MCP: the tools of the servers in ``agent.mcp.servers``, offered to the model as its own.
 
 Each server gets one owned task that connects (stdio: ``mcp.client.stdio.stdio_client`` runs
-the command; HTTP: ``mcp.client.streamable_http.streamable_http_client``), lists the server's
-tools and holds the connection until it drops. Each tool becomes a registry tool named
-``mcp_<server>_<tool>`` with the server's own input schema. A server that fails to start, or
-crashes or disconnects later, is reconnected with exponential backoff; meanwhile its tools
-answer "unavailable (reconnecting)" and the rest of the gateway carries on. A stdio server's
-stderr goes to ``<data_dir>/mcp/<server>.log``.
+the command; HTTP: ``mcp.client.streamable_http.streamable_http_client`` over the guarded
+client of ``agent.net``), lists the server's tools and holds the connection until it drops.
+Each tool becomes a registry tool named ``mcp_<server>_<tool>`` with the server's own input
+schema. A server that fails to start, or crashes or disconnects later, is reconnected with
+exponential backoff; meanwhile its tools answer "unavailable (reconnecting)" and the rest of
+the gateway carries on. A stdio server's stderr goes to ``<data_dir>/mcp/<server>.log``.
 
 The SDK runs on anyio: a connection is entered and left inside its server's task, while tool
 calls come from the turns' tasks over the connection's memory streams.
@@ -40,6 +40,7 @@ from mcp_types import (
 )
 from mcp_types import Tool as RemoteTool
 
+from agent.net import Guard, guarded_httpx_client, url_endpoint
 from agent.tools.base import Tool, ToolError, ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.backoff import BackoffPolicy
@@ -53,6 +54,7 @@ DESCRIPTION_LIMIT = 1024
 INITIAL_BACKOFF = 1.0
 _MAX_PAGES = 20
 _CLIENT_INFO = Implementation(name="parley", version="0.1.0")
+_GUARD_HINT = "an MCP server's client reaches only the configured host and port"
 
 
 def tool_name(server: str, remote: str) -> str:
@@ -238,8 +240,11 @@ class _Server:
             inner: Any = stdio_client(params, errlog=cast(TextIO, errlog))
         else:
             assert cfg.url is not None
-            http = await stack.enter_async_context(httpx2.AsyncClient(
-                headers=cfg.headers, timeout=httpx2.Timeout(30.0, read=300.0)))
+            # The owner configured this URL: its host is trusted at its port, even on
+            # loopback; any other address the client is led to passes web_fetch's guard.
+            guard = Guard(endpoints=[url_endpoint(cfg.url)], hint=_GUARD_HINT)
+            http = await stack.enter_async_context(guarded_httpx_client(
+                guard, headers=cfg.headers, timeout=httpx2.Timeout(30.0, read=300.0)))
             inner = streamable_http_client(cfg.url, http_client=http)
         return _watched(inner, self.lost)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field, replace
 
-from gateway.kernel.events import InboundMessage
+from gateway.kernel.events import InboundMessage, lowest_trust
 
 
 @dataclass(slots=True)
@@ -29,7 +29,8 @@ def _line(msg: InboundMessage, group: bool) -> str:
 
 
 def merge(works: list[Work]) -> Work:
-    """Several waiting messages → one turn (``collect``), newest message's routing kept."""
+    """Several waiting messages → one turn (``collect``), newest message's routing kept and
+    the least trusted sender's level (one guest among them makes it a guest's turn)."""
     if len(works) == 1:
         return works[0]
     last = works[-1].msg
@@ -38,7 +39,7 @@ def merge(works: list[Work]) -> Work:
                        for w in works)
     msg = replace(last, text=text, media=tuple(m for w in works for m in w.msg.media),
                   mentioned=any(w.msg.mentioned for w in works),
-                  senders_inline=group)
+                  senders_inline=group, trust=lowest_trust(w.msg.trust for w in works))
     return Work(msg, [s for w in works for s in w.sources])
 
 
@@ -67,7 +68,7 @@ def fold(works: list[Work], cap: int) -> list[Work]:
     msg = replace(last, text=f"[{len(sources)} earlier messages sent while I was busy, folded] "
                              f"{summary}",
                   media=tuple(m for w in old for m in w.msg.media),
-                  senders_inline=True)
+                  senders_inline=True, trust=lowest_trust(s.trust for s in sources))
     return [Work(msg, sources), *rest]
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.events import InboundMessage, OutboundKind, OutboundMessage
+from gateway.kernel.secrets import SECRETS
 from gateway.kernel.store import Store
 
 
@@ -27,7 +28,7 @@ def outbound(msg: InboundMessage, text: str, kind: OutboundKind, turn_id: str | 
     if kind == "reply" and msg.kind in ("cron", "heartbeat"):
         kind = msg.kind  # a scheduled answer is marked as such for the channel
     return OutboundMessage(
-        channel=channel, chat_id=chat_id, text=text, kind=kind,
+        channel=channel, chat_id=chat_id, text=SECRETS.redact(text), kind=kind,
         reply_to=None if system else msg.message_id,
         thread_id=msg.deliver_thread if system else msg.thread_id, turn_id=turn_id,
         idempotency_key=f"{msg.channel}:{msg.chat_id}:{msg.message_id}:{kind}:{key or ''}")

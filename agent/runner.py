@@ -155,7 +155,7 @@ class Runner:
             hooks.on_message(message)
 
         seen: Counter[str] = Counter()
-        tools = self.registry.schemas() or None
+        tools = self.registry.schemas(ctx.access.tools) or None
         counted = len(convo)
         for _ in range(self.max_iterations):
             if budget is not None:

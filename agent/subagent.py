@@ -111,6 +111,7 @@ class SubagentManager:
         msg = InboundMessage(
             channel=parent.channel, chat_id=parent.chat_id, sender_id="subagent",
             sender_name=f"subagent {sub_id}", kind="subagent", chat_type=parent.chat_type,
+            trust=parent.trust,
             thread_id=parent.thread_id, session_override=ctx.session_key,
             deliver_to=ctx.reply_target, deliver_thread=ctx.reply_thread,
             text=f"{RESULT_TAG}\nTask: {task}\nOutcome: {result.stop_reason}\n\n{result.text}")

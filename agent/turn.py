@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from agent.trust import DEFAULT_POLICY, Audience
 from gateway.kernel.config import ToolsConfig
 from gateway.kernel.events import InboundMessage, new_id
 
@@ -78,6 +79,14 @@ class TurnContext:
     turn_id: str = field(default_factory=new_id)
     services: TurnServices = field(default_factory=TurnServices)
     notes: TurnNotes = field(default_factory=TurnNotes)
+    audience: Audience | None = None
+    """What the speaker may see and do (``agent/trust.py``); None: the default policy's
+    answer for the message's trust."""
+
+    @property
+    def access(self) -> Audience:
+        """The turn's audience: its tools, the owner's files, whose memory."""
+        return self.audience or DEFAULT_POLICY.audience(self.message)
 
     @property
     def session_key(self) -> str:

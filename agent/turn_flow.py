@@ -102,7 +102,7 @@ class _Hooks(Transcript):
         if lane is None or self.flow.config.agent.queue_mode != "steer":
             return []
         out: list[dict[str, Any]] = []
-        for arrived in lane.take_arrived():
+        for arrived in lane.take_arrived(self.turn.msg.trust):
             self.turn.work.sources.extend(arrived.sources)  # answered by this turn
             body = self.flow.assembly.builder.stored_user_message(arrived.msg)
             out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
@@ -171,7 +171,8 @@ class TurnFlow:
         msg = work.msg
         session = await self.store.active_session(msg.session_key)
         ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
-                          tools=self.config.agent.tools, services=self.services(msg))
+                          tools=self.config.agent.tools, services=self.services(msg),
+                          audience=self.assembly.audience(msg))
         return _Turn(work, lane, ctx, await self.store.compaction(session.id))
 
     async def _build_context(self, turn: _Turn) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from channels.incoming import Incoming, Sender
+from gateway.kernel.events import Trust
 from gateway.kernel.pairing import PairingStore
 
 Verdict = Literal["serve", "context", "pair", "ignore"]
@@ -45,6 +46,8 @@ class AccessRules:
     group_policy: GroupPolicy = "mention"
     group_history: int = 20
     users: frozenset[str] = frozenset()
+    """The owner's ids and names (``allow_from``)."""
+    members: frozenset[str] = frozenset()
     places: frozenset[str] = frozenset()
     """Chats or channels opened to everyone in them (a thread goes with its parent)."""
     guilds: frozenset[str] = frozenset()
@@ -54,10 +57,11 @@ class AccessRules:
 
     @classmethod
     def of(cls, *, dm_policy: DmPolicy, group_policy: GroupPolicy, group_history: int,
-           allow_from: Iterable[str], allow_places: Iterable[str] = (),
-           allow_guilds: Iterable[str] = (), confined: bool = False) -> AccessRules:
+           allow_from: Iterable[str], members: Iterable[str] = (),
+           allow_places: Iterable[str] = (), allow_guilds: Iterable[str] = (),
+           confined: bool = False) -> AccessRules:
         return cls(dm_policy=dm_policy, group_policy=group_policy, group_history=group_history,
-                   users=_keys(allow_from), places=_keys(allow_places),
+                   users=_keys(allow_from), members=_keys(members), places=_keys(allow_places),
                    guilds=_keys(allow_guilds), confined=confined)
 
 
@@ -72,17 +76,29 @@ class Access:
     async def verdict(self, inc: Incoming) -> Verdict:
         return await self.direct(inc.sender) if inc.direct else await self.group(inc)
 
-    def listed(self, sender: Sender) -> bool:
-        users = self.rules.users
+    def listed(self, sender: Sender, among: frozenset[str] | None = None) -> bool:
+        """In ``allow_from`` (or in ``among``)."""
+        users = self.rules.users if among is None else among
         return sender.id in users or (sender.handle is not None and
                                       listed(sender.handle) in users)
 
+    async def trust(self, sender: Sender) -> Trust:
+        """How far a served sender is trusted: listed owner, member, or guest."""
+        if self.listed(sender):
+            return "owner"
+        if self.listed(sender, self.rules.members) or await self._paired(sender):
+            return "member"
+        return "guest"
+
     async def sender_allowed(self, sender: Sender) -> bool:
         """Would this user be served in a direct message?"""
-        if self.rules.dm_policy == "open" or self.listed(sender):
+        rules = self.rules
+        if rules.dm_policy == "open" or self.listed(sender) or \
+                self.listed(sender, rules.members):
             return True
-        if self.rules.dm_policy != "pairing":
-            return False
+        return rules.dm_policy == "pairing" and await self._paired(sender)
+
+    async def _paired(self, sender: Sender) -> bool:
         if sender.id in self._approved:
             return True
         if await self.pairing.is_approved(self.platform, sender.id):

@@ -215,6 +215,7 @@ def access_rules(config: DiscordChannelConfig) -> AccessRules:
     bot to them."""
     return AccessRules.of(dm_policy=config.dm_policy, group_policy=config.group_policy,
                           group_history=config.group_history, allow_from=config.allow_from,
+                          members=config.members,
                           allow_places=config.allow_channels, allow_guilds=config.allow_guilds,
                           confined=True)
 

@@ -126,12 +126,14 @@ class Inbound:
             marks = (self._wording.context_mark.format(label=a.label) for a in inc.attachments)
             shown = "\n".join(filter(None, (inc.text, *marks)))
             if shown:
-                self._context.keep(to_inbound(inc, text=shown, context_only=True))
+                self._context.keep(to_inbound(inc, text=shown, context_only=True,
+                                              trust="guest"))
             return []
         media, text = await self._attachments(inc)
         if not text and not media:
             return []
-        msg = to_inbound(inc, text=text, media=media, mentioned=inc.addressed and not inc.direct)
+        msg = to_inbound(inc, text=text, media=media, mentioned=inc.addressed and not inc.direct,
+                         trust=await self.access.trust(inc.sender))
         return self._context.with_context(msg)
 
     async def _publish(self, msg: InboundMessage) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from gateway.kernel.events import InboundMessage, Media, MediaKind
+from gateway.kernel.events import InboundMessage, Media, MediaKind, Trust
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,13 +77,15 @@ class Incoming:
 
 
 def to_inbound(inc: Incoming, *, text: str, media: tuple[Media, ...] = (),
-               mentioned: bool = False, context_only: bool = False) -> InboundMessage:
+               mentioned: bool = False, context_only: bool = False,
+               trust: Trust = "guest") -> InboundMessage:
     return InboundMessage(
         channel=inc.platform, chat_id=inc.chat_id, sender_id=inc.sender.id,
         sender_name=inc.sender.name, text=text, media=media, message_id=inc.id,
         thread_id=inc.thread_id, chat_type="direct" if inc.direct else "group",
         mentioned=mentioned, reply_to=inc.reply_to, received_at=inc.received_at,
-        kind="command" if text.startswith("/") else "user", context_only=context_only)
+        kind="command" if text.startswith("/") else "user", context_only=context_only,
+        trust=trust)
 
 
 # --- what the adapter supplies ------------------------------------------------------------------

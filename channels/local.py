@@ -51,7 +51,7 @@ from channels.local_requests import (
 )
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import LocalChannelConfig
-from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage
+from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -185,10 +185,10 @@ class LocalChannel(ChannelBase):
     async def inject(self, chat_id: str, text: str, *, sender_id: str = "u1",
                      sender_name: str | None = None, chat_type: ChatType = "direct",
                      mentioned: bool = False, thread_id: str | None = None,
-                     media: Iterable[Media] = ()) -> InboundMessage:
+                     media: Iterable[Media] = (), trust: Trust = "owner") -> InboundMessage:
         msg = make_inbound(chat_id, text, sender_id=sender_id, sender_name=sender_name,
                            media=tuple(media), thread_id=thread_id, chat_type=chat_type,
-                           mentioned=mentioned)
+                           mentioned=mentioned, trust=trust)
         await self._bus.publish_inbound(msg)
         return msg
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from channels.http_api import ApiError
-from gateway.kernel.events import InboundMessage, Media, MediaKind
+from gateway.kernel.events import TRUST_RANK, InboundMessage, Media, MediaKind, Trust
 
 CHANNEL_NAME = "local"
 MAX_MEDIA_ITEMS = 10
@@ -35,7 +35,7 @@ MAX_ID_CHARS = 256
 MAX_WAIT_SECONDS = 60.0
 
 _POST_FIELDS = frozenset({"chat_id", "sender_id", "text", "sender_name", "chat_type",
-                          "mentioned", "thread_id", "media", "message_id"})
+                          "mentioned", "thread_id", "media", "message_id", "trust"})
 _MIME = re.compile(r"[\w.+-]+/[\w.+-]+")
 _SAFE_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 _UINT = re.compile(r"[0-9]{1,18}")
@@ -61,11 +61,13 @@ class InlineMedia:
 Spec = PathMedia | InlineMedia
 
 
-def make_inbound(chat_id: str, text: str, *, sender_id: str = "u1", **fields: Any,
-                 ) -> InboundMessage:
+def make_inbound(chat_id: str, text: str, *, sender_id: str = "u1", trust: Trust = "owner",
+                 **fields: Any) -> InboundMessage:
+    """A local message: the owner's (only loopback or the token's holder can post), unless the
+    caller lowers ``trust`` to try the agent as a member or a guest."""
     return InboundMessage(channel=CHANNEL_NAME, chat_id=chat_id, sender_id=sender_id,
                           text=text, kind="command" if text.startswith("/") else "user",
-                          **fields)
+                          trust=trust, **fields)
 
 
 def max_body_bytes(max_text_chars: int, max_media_bytes: int) -> int:
@@ -128,13 +130,16 @@ def validate_post(data: Any, *, max_text_chars: int,
     mentioned = data.get("mentioned", False)
     if not isinstance(mentioned, bool):
         raise ApiError("mentioned: must be true or false")
+    trust = data.get("trust", "owner")
+    if trust not in TRUST_RANK:
+        raise ApiError('trust: must be "owner", "member" or "guest"')
     media = _media_specs(data.get("media"), max_media_bytes)
     if not text and not media:
         raise ApiError("text: required, a non-empty string unless media is given")
     ids = {"message_id": message_id} if (message_id := _optional(data, "message_id")) else {}
     msg = make_inbound(chat_id, text, sender_id=sender_id, chat_type=chat_type,
                        sender_name=_optional(data, "sender_name"), mentioned=mentioned,
-                       thread_id=_optional(data, "thread_id"), **ids)
+                       thread_id=_optional(data, "thread_id"), trust=trust, **ids)
     return msg, media
 
 

@@ -270,6 +270,7 @@ def access_rules(config: TelegramChannelConfig) -> AccessRules:
     """``allow_groups`` opens a group to everyone in it; it does not confine the bot."""
     return AccessRules.of(dm_policy=config.dm_policy, group_policy=config.group_policy,
                           group_history=config.group_history, allow_from=config.allow_from,
+                          members=config.members,
                           allow_places=config.allow_groups)
 
 

@@ -75,7 +75,8 @@ class TerminalChannel(ChannelBase):
         """Send one message as the terminal user and wait for the answer to it."""
         msg = InboundMessage(channel=self.name, chat_id=self.config.chat_id,
                              sender_id=self.config.sender_id, sender_name="terminal user",
-                             text=text, kind="command" if text.startswith("/") else "user")
+                             text=text, kind="command" if text.startswith("/") else "user",
+                             trust="owner")
         fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
         self._waiters[msg.message_id] = fut
         await self.bus.publish_inbound(msg)

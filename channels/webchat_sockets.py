@@ -250,7 +250,8 @@ class ChatSockets:
             channel=self.name, chat_id=entry.chat_id, sender_id=entry.chat_id,
             text=entry.text, media=media, message_id=entry.message_id,
             kind=_inbound_kind(entry.text),
-            received_at=datetime.fromisoformat(entry.created_at), chat_type="direct")
+            received_at=datetime.fromisoformat(entry.created_at), chat_type="direct",
+            trust="owner")  # only loopback or the token's holder reaches the page
 
 
 def _inbound_kind(text: str) -> InboundKind:

@@ -31,6 +31,7 @@ from gateway.kernel.config import Config
 from gateway.kernel.cron_jobs import CRON_CHANNEL, CronJobs
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
+from gateway.kernel.secrets import register_secrets
 from gateway.kernel.store import Store
 from workspace.bootstrap import seed_workspace
 
@@ -51,6 +52,7 @@ class Gateway:
         must not poll a bot a running gateway already polls), nor cron and heartbeat;
         ``channels`` adds adapters; ``clock`` is what schedules run on (tests move it)."""
         self.config = config
+        register_secrets(config)
         self.grace = config.agent.shutdown_grace if grace is None else grace
         self._configured = configured_channels
         self._extra = list(channels or [])

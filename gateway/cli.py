@@ -16,6 +16,7 @@ from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync, with_s
 from gateway.cli_cron import cron_app
 from gateway.cli_pairing import pairing_app
 from gateway.kernel.config import Config, ConfigError
+from gateway.kernel.secrets import SECRETS, RedactingFilter, register_secrets
 
 app = typer.Typer(help="Parley: one AI agent on your chat channels.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -40,6 +41,9 @@ def _setup_logging(config: Config, *, quiet: bool = False) -> None:
         path = Path(config.logging.file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(path, encoding="utf-8"))
+    register_secrets(config)
+    for handler in handlers:  # every record, whichever library wrote it
+        handler.addFilter(RedactingFilter(SECRETS))
     logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     for noisy in ("aiohttp.access", "httpx", "LiteLLM", "aiosqlite", "markdown_it"):
@@ -335,6 +339,11 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
     out.print(f"session {snap['session_key']}, turn {number} of {count} ({snap['turn_id']})",
               highlight=False)
     out.print(f"hash {snap['hash']}", highlight=False)
+    if "trust" in snap:  # snapshots from before trust levels have none
+        owner = "with" if snap.get("owner_files") else "without"
+        scopes = ", ".join(snap.get("memory_scopes", [])) or "none"
+        out.print(f"sender trust {snap['trust']}, {owner} the owner's files; memory: {scopes}",
+                  highlight=False)
     out.print(f"tokens {snap['total_tokens']:,} of {snap['max_context_tokens']:,}",
               highlight=False)
     notes: dict[str, list[str]] = {}

@@ -135,7 +135,8 @@ class CronScheduler:
                 _log.info("cron: reminder %s (%s) sent to %s", job.id, job.name, job.target)
                 return "ran", None, key
             await self.bus.publish_inbound(InboundMessage(
-                channel=CRON_CHANNEL, chat_id=job.id, sender_id="cron",
+                channel=CRON_CHANNEL, chat_id=job.id, sender_id=job.sender_id or "cron",
+                trust=job.trust,
                 sender_name=f"scheduled task {job.name!r}", text=job.message, kind="cron",
                 deliver_to=(job.channel, job.chat_id), deliver_thread=job.thread_id,
                 message_id=task_message_id(job.id, run_at), received_at=now))

@@ -130,7 +130,7 @@ class Heartbeat:
         await self.bus.publish_inbound(InboundMessage(
             channel=HEARTBEAT_CHANNEL, chat_id=HEARTBEAT_CHAT, sender_id="heartbeat",
             text=PROMPT, kind="heartbeat", deliver_to=self.target, received_at=now,
-            message_id=f"heartbeat:{now.isoformat()}"))
+            message_id=f"heartbeat:{now.isoformat()}", trust="owner"))
         return "started"
 
     def _target_session(self) -> str | None:

@@ -17,6 +17,9 @@ _log = logging.getLogger(__name__)
 
 BOOTSTRAP_FILES = ("SOUL.md", "IDENTITY.md", "AGENTS.md", "USER.md", "TOOLS.md")
 MEMORY_FILE = "MEMORY.md"
+USER_FILE = "USER.md"
+OWNER_FILES = (USER_FILE, MEMORY_FILE)
+"""About the owner: in the prompt only where ``agent.trust.owner_files`` lets them reach."""
 HEARTBEAT_FILE = "HEARTBEAT.md"
 HEAD_SHARE = 0.7
 TAIL_SHARE = 0.2

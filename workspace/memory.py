@@ -11,6 +11,13 @@ same hits in the same order. A file is parsed once per version (inode, mtime, si
 corpus statistics are rebuilt only when some file changed, so a turn over unchanged memory costs
 one ``stat`` per file. Writes append under a lock and replace the file atomically.
 
+Memory is kept per *scope* (``MemoryScope``): the owner's home (``MEMORY.md`` and
+``memory/*.md``, the layout from before scopes), one person's own notes
+(``memory/people/<who>/``), one group's (``memory/chats/<chat>/``) and one person's notes in a
+group (``memory/chats/<chat>/people/<who>/``). A scope's facts are ``MEMORY.md`` in its folder.
+Which scopes a turn reads and writes is decided by ``agent/trust.py``; a store only ever sees
+its own scope's files, so nobody's notes reach another scope by accident.
+
 The search itself (paragraphs, BM25, the recall lines) is in ``memory_search``, the write
 mechanics (atomic replace, locks, duplicate keys) in ``memory_files``; the names other modules
 import from here (``split_paragraphs``, ``tokenize``, ``MAX_CHUNK_CHARS``, ...) are re-exported.
@@ -19,11 +26,14 @@ import from here (``split_paragraphs``, ``tokenize``, ``MAX_CHUNK_CHARS``, ...) 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,9 +64,10 @@ from workspace.memory_search import (
 )
 
 __all__ = [
-    "FULL_RESCAN_SECONDS", "LOG_DIR", "MAX_CHUNK_CHARS", "MAX_ENTRY_CHARS", "MAX_QUERY_TERMS",
-    "RECALL_HEADER", "RECENT_LOGS", "Hit", "MemoryKind", "MemoryRefused", "MemoryStore", "Saved",
-    "Signature", "Sources", "TextCounter", "memory_store_for", "split_paragraphs", "tokenize",
+    "FULL_RESCAN_SECONDS", "HOME", "LOG_DIR", "MAX_CHUNK_CHARS", "MAX_ENTRY_CHARS",
+    "MAX_QUERY_TERMS", "RECALL_HEADER", "RECENT_LOGS", "Hit", "MemoryKind", "MemoryRefused",
+    "MemoryScope", "MemoryStore", "Saved", "Signature", "Sources", "TextCounter", "chat_scope",
+    "memory_store_for", "person_scope", "recall_block", "split_paragraphs", "tokenize",
 ]
 
 _log = logging.getLogger(__name__)
@@ -69,6 +80,51 @@ RECENT_LOGS = 3
 FULL_RESCAN_SECONDS = 60.0
 RECALL_HEADER = "Memory recall (may be relevant):"
 MAX_ENTRY_CHARS = 2000
+
+MAX_STORES = 256
+"""Scopes whose index stays in memory; the least recently used beyond are rebuilt on use."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryScope:
+    """Whose notes: ``facts`` (a file, relative to the workspace) and ``logs`` (a folder of
+    daily logs) of one owner, person, group, or person in a group."""
+
+    name: str
+    facts: str
+    logs: str
+    facts_in_prompt: bool = False
+    """The facts file is a system-prompt layer already (the owner's MEMORY.md): recall
+    searches only the logs then (unless ``recall_sources: all``)."""
+
+
+HOME = MemoryScope("owner", MEMORY_FILE, "memory", facts_in_prompt=True)
+"""The owner's memory: the workspace's MEMORY.md and the daily logs in ``memory/``."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
+def _slug(key: str) -> str:
+    """A folder name for ``channel:id``: readable, and one name per key (a hash is added
+    whenever characters had to be replaced, so two keys never share a folder)."""
+    safe = _UNSAFE.sub("_", key.replace(":", "+", 1)).strip(".") or "_"
+    if safe.replace("+", ":", 1) != key or len(safe) > 80:
+        safe = f"{safe[:60]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return safe
+
+
+def person_scope(person: str, chat: str | None = None) -> MemoryScope:
+    """One person's notes (``channel:sender_id``): their own, or those said in group ``chat``
+    (``channel:chat_id``), which are recalled only there."""
+    base = f"{LOG_DIR}/people/{_slug(person)}" if chat is None else \
+        f"{LOG_DIR}/chats/{_slug(chat)}/people/{_slug(person)}"
+    return MemoryScope(f"{person} in {chat}" if chat else person, f"{base}/{MEMORY_FILE}", base)
+
+
+def chat_scope(chat: str) -> MemoryScope:
+    """A group's own notes (what its conversation left behind), recalled in that group only."""
+    base = f"{LOG_DIR}/chats/{_slug(chat)}"
+    return MemoryScope(chat, f"{base}/{MEMORY_FILE}", base)
+
 
 Signature = tuple[int, int, int]
 """(inode, mtime_ns, size): an atomic replace always changes the inode, even within one tick."""
@@ -95,16 +151,19 @@ class Saved:
     """False when the same text was already there (nothing was written)."""
 
 
-_STORES: dict[tuple[Path, MemoryConfig, str], MemoryStore] = {}
+_STORES: OrderedDict[tuple[Path, MemoryConfig, str, MemoryScope], MemoryStore] = OrderedDict()
 _GLOBAL = threading.Lock()
 
 
 class MemoryStore:
-    """The memory files of one workspace. Thread-safe; the tools call it through a thread."""
+    """The memory files of one scope of a workspace. Thread-safe; the tools call it through a
+    thread."""
 
     def __init__(self, workspace: Path, config: MemoryConfig | None = None, *,
-                 timezone: str = "UTC", clock: Callable[[], float] = time.monotonic) -> None:
+                 timezone: str = "UTC", clock: Callable[[], float] = time.monotonic,
+                 scope: MemoryScope = HOME) -> None:
         self.workspace = workspace
+        self.scope = scope
         self.config = config or MemoryConfig()
         self.tz = ZoneInfo(timezone)
         self._clock = clock
@@ -132,13 +191,14 @@ class MemoryStore:
         if kind == "fact":
             lines = body.splitlines()
             entry = "\n".join([f"- {lines[0]}", *(f"  {line}" for line in lines[1:])])
-            return self._append(MEMORY_FILE, "Memory", entry, limit=self.config.max_memory_chars)
+            return self._append(self.scope.facts, "Memory", entry,
+                                limit=self.config.max_memory_chars)
         if not self.config.daily_log:
             raise MemoryRefused("daily logs are turned off (agent.memory.daily_log); "
                                 "save lasting facts with kind=fact")
         local = when.astimezone(self.tz)
         day = f"{local:%Y-%m-%d}"
-        return self._append(f"{LOG_DIR}/{day}.md", day, f"[{local:%H:%M}] {body}")
+        return self._append(f"{self.scope.logs}/{day}.md", day, f"[{local:%H:%M}] {body}")
 
     def _append(self, rel: str, title: str, entry: str, *, limit: int | None = None) -> Saved:
         path = self.workspace / rel
@@ -175,11 +235,12 @@ class MemoryStore:
     def _scan(self, sources: Sources) -> list[tuple[str, Path, Signature]]:
         found: list[tuple[str, Path, Signature]] = []
         if sources == "all":
-            path = self.workspace / MEMORY_FILE
+            facts = self.scope.facts
+            path = self.workspace / facts
             with contextlib.suppress(OSError):
-                st = path.stat()
+                st = path.stat(follow_symlinks=False)
                 if path.is_file():
-                    found.append((MEMORY_FILE, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
+                    found.append((facts, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
         found.extend(self._logs())
         found.sort()
         return found
@@ -190,7 +251,8 @@ class MemoryStore:
         folder, and this store's own writes replace files: then the folder is listed again.
         Otherwise only the newest ``RECENT_LOGS`` are looked at (what gets appended to), and
         the rest every ``FULL_RESCAN_SECONDS``, for a log edited in place by hand."""
-        folder = self.workspace / LOG_DIR
+        logs = self.scope.logs
+        folder = self.workspace / logs
         try:
             st = folder.stat()
         except OSError:
@@ -217,9 +279,10 @@ class MemoryStore:
                 for entry in found:
                     # symlinks are not followed: a log cannot lead search out of the workspace
                     if entry.name.endswith(".md") and not entry.name.startswith(".") \
+                            and entry.name != MEMORY_FILE \
                             and entry.is_file(follow_symlinks=False):
                         fst = entry.stat(follow_symlinks=False)
-                        entries.append((f"{LOG_DIR}/{entry.name}", Path(entry.path),
+                        entries.append((f"{logs}/{entry.name}", Path(entry.path),
                                         (fst.st_ino, fst.st_mtime_ns, fst.st_size)))
         except (FileNotFoundError, NotADirectoryError):
             pass
@@ -253,7 +316,7 @@ class MemoryStore:
             docs.extend(self._docs(rel, path, s))
         present = {rel for rel, _, _ in found}
         for rel in list(self._files):
-            if rel not in present and (sources == "all" or rel != MEMORY_FILE):
+            if rel not in present and (sources == "all" or rel != self.scope.facts):
                 del self._files[rel]
         corpus = Corpus(docs)
         self._corpora[sources] = (sig, corpus)
@@ -271,48 +334,69 @@ class MemoryStore:
             corpus = self._corpus(sources)
         return [Hit(doc.path, doc.text, score, doc.line) for score, doc in corpus.top(terms, k)]
 
+    def recall_sources(self) -> Sources:
+        """What recall searches here: only the logs when the facts are in the prompt already
+        (unless ``recall_sources: all``), else the facts too."""
+        return self.config.recall_sources if self.scope.facts_in_prompt else "all"
+
     def recall(self, query: str, *, counter: TextCounter, max_tokens: int | None = None,
                max_items: int | None = None, min_score: float | None = None,
                sources: Sources | None = None) -> str | None:
-        """The recall block for the runtime context, or None when nothing scores above
-        ``min_score``. Unset arguments come from the config.
+        """The recall block of this scope alone (``recall_block`` for several)."""
+        return recall_block([self], query, counter=counter, max_tokens=max_tokens,
+                            max_items=max_items, min_score=min_score, sources=sources)
 
-        By default (``recall_sources: logs``) only the daily logs are searched: MEMORY.md is
-        already in the system prompt whole, and recalling it would say it twice. The block never
-        exceeds ``max_tokens`` by ``counter``: items are added best first, and the first one that
-        does not fit is cut at a word (or left out when only a few words would remain).
-        """
-        cfg = self.config
-        max_tokens = cfg.recall_max_tokens if max_tokens is None else max_tokens
-        max_items = cfg.recall_max_items if max_items is None else max_items
-        min_score = cfg.recall_min_score if min_score is None else min_score
-        if max_items < 1 or max_tokens < 1:
-            return None
-        hits = [h for h in self.search(query, max_items, sources=sources or cfg.recall_sources)
-                if h.score > min_score]
-        lines = [RECALL_HEADER]
-        for hit in hits:
-            item = f"- [{hit.path}] {one_line(hit.text)}"
-            if counter.count_text("\n".join([*lines, item])) <= max_tokens:
-                lines.append(item)
-                continue
-            cut = cut_to_fit(lines, item, counter, max_tokens)
-            if cut:
-                lines.append(cut)
-            break
-        return "\n".join(lines) if len(lines) > 1 else None
+
+def recall_block(stores: Sequence[MemoryStore], query: str, *, counter: TextCounter,
+                 max_tokens: int | None = None, max_items: int | None = None,
+                 min_score: float | None = None, sources: Sources | None = None) -> str | None:
+    """The recall block for the runtime context from the scopes a turn may read, or None when
+    nothing scores above ``min_score``. Unset arguments come from the first store's config.
+
+    By default (``recall_sources: logs``) the owner's MEMORY.md is not searched: it is in the
+    system prompt whole, and recalling it would say it twice. The block never exceeds
+    ``max_tokens`` by ``counter``: items are added best first (over every scope), and the
+    first one that does not fit is cut at a word (or left out when only a few words remain).
+    """
+    if not stores:
+        return None
+    cfg = stores[0].config
+    max_tokens = cfg.recall_max_tokens if max_tokens is None else max_tokens
+    max_items = cfg.recall_max_items if max_items is None else max_items
+    min_score = cfg.recall_min_score if min_score is None else min_score
+    if max_items < 1 or max_tokens < 1:
+        return None
+    found = [h for store in stores
+             for h in store.search(query, max_items, sources=sources or store.recall_sources())
+             if h.score > min_score]
+    found.sort(key=lambda h: (-h.score, h.path, h.line))
+    lines = [RECALL_HEADER]
+    for hit in found[:max_items]:
+        item = f"- [{hit.path}] {one_line(hit.text)}"
+        if counter.count_text("\n".join([*lines, item])) <= max_tokens:
+            lines.append(item)
+            continue
+        cut = cut_to_fit(lines, item, counter, max_tokens)
+        if cut:
+            lines.append(cut)
+        break
+    return "\n".join(lines) if len(lines) > 1 else None
 
 
 def memory_store_for(workspace: Path, config: MemoryConfig | None = None, *,
-                     timezone: str = "UTC") -> MemoryStore:
-    """The one store for this workspace and config, so the tool and the context builder share
-    its index (and parse each file once) across turns."""
+                     timezone: str = "UTC", scope: MemoryScope = HOME) -> MemoryStore:
+    """The one store for this workspace, config and scope, so the tool and the context builder
+    share its index (and parse each file once) across turns."""
     config = config or MemoryConfig()
-    key = (workspace, config, timezone)
+    key = (workspace, config, timezone, scope)
     with _GLOBAL:
         store = _STORES.get(key)
-    if store is None:
-        store = MemoryStore(workspace, config, timezone=timezone)
-        with _GLOBAL:
-            store = _STORES.setdefault(key, store)
+        if store is not None:
+            _STORES.move_to_end(key)
+            return store
+    store = MemoryStore(workspace, config, timezone=timezone, scope=scope)
+    with _GLOBAL:
+        store = _STORES.setdefault(key, store)
+        while len(_STORES) > MAX_STORES:
+            _STORES.popitem(last=False)
     return store

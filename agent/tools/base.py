@@ -18,7 +18,9 @@ from typing import Any, get_type_hints
 
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
+from agent.trust import ALL_TOOLS, ToolFilter
 from agent.turn import TurnContext
+from gateway.kernel.secrets import SECRETS
 
 _log = logging.getLogger(__name__)
 
@@ -122,9 +124,12 @@ def tool(func: ToolFunc | None = None, *, name: str | None = None,
     return Tool(func, name=name, group=group)
 
 class ToolRegistry:
+    """The tools the agent has. Each turn sees only those its audience allows
+    (``agent/trust.py``): the others are neither offered nor run."""
+
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
-        self._schemas: list[dict[str, Any]] | None = None
+        self._schemas: dict[ToolFilter, list[dict[str, Any]]] = {}
         for t in tools:
             self.register(t)
 
@@ -132,12 +137,12 @@ class ToolRegistry:
         if t.name in self._tools:
             raise ValueError(f"tool {t.name} registered twice")
         self._tools[t.name] = t
-        self._schemas = None
+        self._schemas = {}
 
     def unregister(self, name: str) -> None:
         """Drop a tool (an MCP server's tool list changed); unknown names are ignored."""
         if self._tools.pop(name, None) is not None:
-            self._schemas = None
+            self._schemas = {}
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -149,17 +154,27 @@ class ToolRegistry:
     def __len__(self) -> int:
         return len(self._tools)
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """The tool list sent to the model, built once (it is the same for every call)."""
-        if self._schemas is None:
-            self._schemas = [t.schema() for t in self._tools.values()]
-        return self._schemas
+    def schemas(self, allowed: ToolFilter = ALL_TOOLS) -> list[dict[str, Any]]:
+        """The tool list sent to the model for an audience, built once per filter (the same
+        list object until tools come or go, so its token count is cached too)."""
+        found = self._schemas.get(allowed)
+        if found is None:
+            found = self._schemas[allowed] = [t.schema() for t in self._tools.values()
+                                              if allowed.allows(t.name)]
+        return found
 
     async def execute(self, name: str, raw_args: str | dict[str, Any] | None,
                       ctx: TurnContext) -> ToolResult:
+        allowed = ctx.access.tools
         t = self._tools.get(name)
+        if t is not None and not allowed.allows(name):
+            _log.warning("tool %s refused: not allowed for a %s in %s", name,
+                         ctx.access.trust, ctx.session_key)
+            return ToolResult(f"Error: {name} is not available in this conversation (the "
+                              f"sender is a {ctx.access.trust}); do not try it another way.",
+                              True)
         if t is None:
-            known = ", ".join(self._tools) or "none"
+            known = ", ".join(n for n in self._tools if allowed.allows(n)) or "none"
             return ToolResult(f"Error: unknown tool {name!r}. Available tools: {known}.", True)
         if isinstance(raw_args, dict):
             args = raw_args
@@ -172,11 +187,15 @@ class ToolRegistry:
             if not isinstance(args, dict):
                 return ToolResult(f"Error: arguments for {name} must be a JSON object.", True)
         try:
-            return ToolResult(await t(ctx, args))
+            result = ToolResult(await t(ctx, args))
         except asyncio.CancelledError:
             raise
         except ToolError as exc:
-            return ToolResult(f"Error: {exc}", True)
+            result = ToolResult(f"Error: {exc}", True)
         except Exception as exc:
             _log.exception("tool %s failed", name)
-            return ToolResult(f"Error: {name} failed: {type(exc).__name__}: {exc}", True)
+            result = ToolResult(f"Error: {name} failed: {type(exc).__name__}: {exc}", True)
+        # Whatever a tool read or a library put in an error, the gateway's secrets (and their
+        # encodings) never reach the model, the history or the chat.
+        text = SECRETS.redact(result.text)
+        return result if text is result.text else ToolResult(text, result.is_error)

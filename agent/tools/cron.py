@@ -83,7 +83,8 @@ async def cron(ctx: TurnContext, action: Literal["add", "list", "remove"], messa
         job = await service.add(NewJob(
             name=name, message=message, schedule_kind=schedule_kind, schedule=spec,
             channel=channel, chat_id=chat_id, kind=kind, tz=tz or service.timezone,
-            created_by=f"agent:{ctx.session_key}", thread_id=ctx.reply_thread))
+            created_by=f"agent:{ctx.session_key}", thread_id=ctx.reply_thread,
+            trust=ctx.message.trust, sender_id=ctx.message.sender_id))
     except ScheduleError as exc:
         raise ToolRetry(str(exc)) from None
     return (f"Added {job.kind} {job.id} ({job.name!r}): {job.schedule.describe()}, next run "

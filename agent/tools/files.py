@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from agent.tools.base import ToolRetry, tool
+from agent.tools.base import ToolError, ToolRetry, tool
 from agent.turn import TurnContext
 
 MAX_LIST_ENTRIES = 500
@@ -46,8 +46,27 @@ def resolve_in_workspace(workspace: Path, path: str, *, restrict: bool = True) -
     return target
 
 
-def _resolve(ctx: TurnContext, path: str) -> Path:
-    return resolve_in_workspace(ctx.workspace, path, restrict=ctx.tools.files.restrict_to_workspace)
+PRIVATE_NAMES = frozenset({"MEMORY.md", "USER.md", "memory"})
+"""The owner's facts and everyone's notes, at the top of the workspace: only the owner's tools
+open them (the memory tool reads a person's own notes for them)."""
+
+
+def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
+    """``path`` for this turn's sender: anyone but the owner stays inside the workspace and
+    out of its private files, whatever ``restrict_to_workspace`` says (``restrict``: the
+    owner too)."""
+    owner = ctx.access.trust == "owner"
+    restrict = restrict or ctx.tools.files.restrict_to_workspace or not owner
+    target = resolve_in_workspace(ctx.workspace, path, restrict=restrict)
+    if not owner:
+        rel = target.relative_to(ctx.workspace.expanduser().resolve())
+        if rel.parts and rel.parts[0] in PRIVATE_NAMES:
+            raise ToolError(f"{path} is private to the owner (memory and the owner's files); "
+                            "it cannot be opened in this conversation")
+    return target
+
+
+_resolve = resolve_for
 
 
 def _is_binary(head: bytes) -> bool:

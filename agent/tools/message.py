@@ -12,7 +12,7 @@ from __future__ import annotations
 import mimetypes
 
 from agent.tools.base import ToolError, ToolRetry, tool
-from agent.tools.files import resolve_in_workspace
+from agent.tools.files import resolve_for
 from agent.turn import TurnContext
 from gateway.kernel.events import Media, MediaKind, OutboundKind, OutboundMessage
 
@@ -20,7 +20,7 @@ MAX_FILES = 10
 
 
 def _media(ctx: TurnContext, path: str) -> Media:
-    target = resolve_in_workspace(ctx.workspace, path)
+    target = resolve_for(ctx, path, restrict=True)
     if not target.is_file():
         raise ToolRetry(f"file not found in the workspace: {path}")
     mime = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
@@ -55,6 +55,9 @@ async def message(ctx: TurnContext, text: str, files: list[str] | None = None,
     if target is None:
         raise ToolRetry("this turn has no chat of its own; name an allowed chat in `to`")
     name = f"{target[0]}:{target[1]}"
+    if target != current and ctx.access.trust != "owner":
+        raise ToolError(f"messaging {name} is not allowed in this conversation; only the "
+                        "current chat can be messaged")
     if target != current and name not in ctx.tools.message.allowed_targets:
         raise ToolError(f"messaging {name} is not allowed; only the current chat and the chats "
                         "in agent.tools.message.allowed_targets can be messaged")

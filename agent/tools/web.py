@@ -1,10 +1,11 @@
 """Web tools: ``web_fetch`` (a URL as readable text) and ``web_search`` (a configured provider).
 
-web_fetch follows at most ``MAX_REDIRECTS`` redirects itself, checking every hop with the SSRF
-guard of ``agent.tools.web_guard`` (after DNS resolution, on the address actually connected
-to), reads at most ``max_bytes`` while streaming, and stops after ``timeout`` for the whole
-fetch. What comes back is marked as untrusted: a page can say anything, including "ignore your
-instructions", and the model is told to treat it as data.
+web_fetch follows at most ``MAX_REDIRECTS`` redirects itself, through a session of
+``agent.net.guarded_session``: the SSRF guard checks the address each socket connects to,
+whatever form the URL gave it in, on every hop. It reads at most ``max_bytes`` while
+streaming, and stops after ``timeout`` for the whole fetch. What comes back is marked as
+untrusted: a page can say anything, including "ignore your instructions", and the model is
+told to treat it as data.
 
 web_search is offered only when ``agent.tools.web.search.provider`` is set (``build_registry``
 leaves it out otherwise), so the model never sees a tool that can only fail.
@@ -22,9 +23,9 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
+from agent.net import AllowList, Guard, guarded_session, refusal
 from agent.tools.base import ToolError, ToolRetry, tool
 from agent.tools.html_text import html_to_text
-from agent.tools.web_guard import AllowList, BlockedAddress, GuardedResolver, check_literal
 from agent.turn import TurnContext
 from gateway.kernel.config import WebSearchConfig, WebToolsConfig
 
@@ -57,70 +58,76 @@ def _allow(config: WebToolsConfig) -> AllowList:
     return AllowList.parse(config.allow_hosts)
 
 
-def _check_url(url: str, allow: AllowList, redirects: list[str]) -> str:
-    """The URL's host; ToolRetry for a URL the model got wrong, ToolError for one the guard
-    refuses (an internal address given literally, a redirect off http/https)."""
-    parts = urlsplit(url)
+def _check_url(url: str, redirects: list[str]) -> None:
+    """ToolRetry for a URL the model got wrong; ToolError when a redirect led there.
+    Addresses are not judged here, on the text: the connection is (``agent.net``)."""
+    problem = _url_problem(url)
+    if problem and redirects:
+        raise ToolError(f"refused to follow the redirect to {url!r}{_hop(redirects)}: "
+                        f"{problem}")
+    if problem:
+        raise ToolRetry(f"{problem}: {url!r}")
+
+
+def _url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not one raises here
+    except ValueError:
+        return "not a valid URL"
     if parts.scheme not in ("http", "https"):
-        if redirects:
-            raise ToolError(f"the page redirected to {url!r}; only http and https are followed")
-        raise ToolRetry(f"only http and https URLs can be fetched, not {url!r}")
-    host = parts.hostname
-    if not host:
-        raise ToolRetry(f"{url!r} has no host name")
+        return "only http and https URLs are fetched"
+    if not parts.hostname:
+        return "the URL has no host name"
     if parts.username or parts.password:
-        raise ToolRetry("URLs with a user name or password are not fetched")
-    reason = check_literal(host, allow)
-    if reason:
-        raise ToolError(f"refused to fetch {url}{_hop(redirects)}: {reason}")
-    return host
+        return "URLs with a user name or password are not fetched"
+    return None
 
 
 def _hop(redirects: list[str]) -> str:
     return f" (redirected from {redirects[0]})" if redirects else ""
 
 
-def _blocked_cause(exc: BaseException) -> BlockedAddress | None:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, BlockedAddress):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+def _join(base: URL, location: str, redirects: list[str]) -> str:
+    try:
+        return str(base.join(URL(location)))
+    except ValueError:
+        raise ToolError(f"refused to follow the redirect to {location!r}{_hop(redirects)}: "
+                        "it is not a valid URL") from None
 
 
 async def fetch(url: str, config: WebToolsConfig) -> Page:
     """GET ``url`` under the guard, following redirects by hand; ToolError on refusal."""
-    allow = _allow(config)
-    connector = aiohttp.TCPConnector(resolver=GuardedResolver(allow), use_dns_cache=False,
-                                     limit=4)
+    guard = Guard(_allow(config))
     timeout = aiohttp.ClientTimeout(total=config.timeout, sock_connect=min(config.timeout, 10))
     headers = {"User-Agent": USER_AGENT, "Accept": "text/html,application/xhtml+xml,text/plain,"
                "application/json;q=0.9,*/*;q=0.5", "Accept-Language": "en;q=0.9,*;q=0.5"}
     redirects: list[str] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers,
-                                     trust_env=False) as session:
+    async with guarded_session(guard, limit=4, timeout=timeout, headers=headers) as session:
         for _ in range(MAX_REDIRECTS + 1):
-            _check_url(url, allow, redirects)
+            _check_url(url, redirects)
             try:
                 async with session.get(url, allow_redirects=False) as resp:
                     location = resp.headers.get("Location")
                     if resp.status in _REDIRECTS and location:
                         redirects.append(url)
-                        url = str(resp.url.join(URL(location)))
+                        url = _join(resp.url, location, redirects)
                         continue
                     body, truncated = await _read_capped(resp, config.max_bytes)
                     return Page(url=str(resp.url), status=resp.status,
                                 content_type=resp.headers.get("Content-Type", ""), body=body,
                                 truncated=truncated, redirects=redirects)
             except aiohttp.ClientConnectorError as exc:
-                blocked = _blocked_cause(exc)
-                if blocked is not None:
+                reason = refusal(exc, guard)
+                if reason is not None:
                     raise ToolError(f"refused to fetch {url}{_hop(redirects)}: "
-                                    f"{blocked.reason}") from None
+                                    f"{reason}") from None
                 raise ToolError(f"could not connect to {urlsplit(url).netloc}: "
                                 f"{exc.os_error.strerror or exc}") from None
-            except aiohttp.InvalidURL:
+            except ValueError:  # aiohttp's InvalidURL, or yarl's own
+                if redirects:
+                    raise ToolError(f"refused to follow the redirect to {url!r}"
+                                    f"{_hop(redirects)}: it is not a valid URL") from None
                 raise ToolRetry(f"{url!r} is not a valid URL") from None
             except aiohttp.ClientError as exc:
                 raise ToolError(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
@@ -230,6 +237,14 @@ def _request(search: WebSearchConfig, query: str, count: int) -> tuple[str, dict
     return f"{base}/search", {"q": query, "format": "json"}, {"Accept": "application/json"}
 
 
+def _search_guard(config: WebToolsConfig, url: str) -> Guard:
+    """The owner configured the search endpoint: its host is trusted at its port (a SearXNG
+    on localhost), and a redirect anywhere else is checked like any fetch."""
+    parsed = URL(url)
+    endpoint = [(parsed.raw_host, parsed.port)] if parsed.raw_host and parsed.port else []
+    return Guard(_allow(config), endpoints=endpoint)
+
+
 def parse_results(provider: str, data: Any) -> list[tuple[str, str, str]]:
     """(title, url, snippet) from a Brave or SearXNG JSON answer."""
     if not isinstance(data, dict):
@@ -262,8 +277,9 @@ async def web_search(ctx: TurnContext, query: str) -> str:
     count = search.max_results
     url, params, headers = _request(search, query.strip(), count)
     timeout = aiohttp.ClientTimeout(total=ctx.tools.web.timeout)
+    guard = _search_guard(ctx.tools.web, url)
     try:
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session, \
+        async with guarded_session(guard, timeout=timeout) as session, \
                 session.get(url, params=params, headers=headers) as resp:
             if resp.status == 429:
                 raise ToolError(f"the {search.provider} search API is rate limiting; try "
@@ -273,8 +289,9 @@ async def web_search(ctx: TurnContext, query: str) -> str:
                                 f"{resp.status}")
             body, _ = await _read_capped(resp, 2_000_000)
     except (aiohttp.ClientError, TimeoutError) as exc:
+        reason = refusal(exc, guard)
         raise ToolError(f"the {search.provider} search API could not be reached: "
-                        f"{type(exc).__name__}") from None
+                        f"{reason or type(exc).__name__}") from None
     try:
         results = parse_results(search.provider, json.loads(body))[:count]
     except ValueError:

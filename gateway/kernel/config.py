@@ -54,16 +54,18 @@ from gateway.kernel.config_fields import (
     parse_duration,
 )
 from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
+from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "CompactionConfig", "Config",
-    "ConfigError", "ContextConfig", "CronConfig", "CronToolConfig", "DeliveryConfig",
-    "DiscordChannelConfig", "Duration", "ExecSandboxConfig", "ExecToolConfig",
-    "FallbackModelConfig", "FileToolsConfig", "HeartbeatConfig", "IdList", "LocalChannelConfig",
-    "LoggingConfig", "MCPConfig", "MCPServerConfig", "MemoryConfig", "MessageToolConfig",
-    "OptionalSecret", "OptionalStr", "Section", "SpawnToolConfig", "TelegramChannelConfig",
-    "TerminalChannelConfig", "ToolsConfig", "WebSearchConfig", "WebToolsConfig",
-    "WebchatChannelConfig", "find_config_path", "load_config", "parse_config", "parse_duration",
+    "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
+    "CompactionConfig", "Config", "ConfigError", "ContextConfig", "CronConfig",
+    "CronToolConfig", "DeliveryConfig", "DiscordChannelConfig", "Duration", "ExecSandboxConfig",
+    "ExecToolConfig", "FallbackModelConfig", "FileToolsConfig", "HeartbeatConfig", "IdList",
+    "LevelConfig", "LocalChannelConfig", "LoggingConfig", "MCPConfig", "MCPServerConfig",
+    "MemoryConfig", "MessageToolConfig", "OptionalSecret", "OptionalStr", "Section",
+    "SpawnToolConfig", "TelegramChannelConfig", "TerminalChannelConfig", "ToolsConfig",
+    "TrustConfig", "WebSearchConfig", "WebToolsConfig", "WebchatChannelConfig",
+    "find_config_path", "load_config", "parse_config", "parse_duration",
 ]
 
 DEFAULT_CONFIG_PATH = Path("~/.parley/config.yaml")

@@ -20,6 +20,7 @@ from gateway.kernel.config_fields import (
     Section,
     check_target,
 )
+from gateway.kernel.config_trust import TrustConfig
 
 
 class CompactionConfig(Section):
@@ -262,6 +263,7 @@ class AgentConfig(Section):
     tools: ToolsConfig = ToolsConfig()
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()
+    trust: TrustConfig = TrustConfig()
 
     @field_validator("timezone")
     @classmethod

@@ -49,6 +49,9 @@ class TelegramChannelConfig(Section):
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = Field(8443, ge=0, le=65535)
     allow_from: IdList = Field(default_factory=list)
+    """The owner: user ids (or @usernames) served with every tool and the owner's memory."""
+    members: IdList = Field(default_factory=list)
+    """Users trusted as members (as if approved by pairing): their own memory, no host tools."""
     dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
     group_policy: Literal["mention", "open", "disabled"] = "mention"
     allow_groups: IdList = Field(default_factory=list)
@@ -96,7 +99,10 @@ class DiscordChannelConfig(Section):
     """Discord's REST base; another Discord-compatible server's (its ``GET /gateway`` names
     the websocket). Process-wide in discord.py: one Discord base per gateway process."""
     allow_from: IdList = Field(default_factory=list)
-    """User ids always served."""
+    """The owner: user ids always served, with every tool and the owner's memory."""
+    members: IdList = Field(default_factory=list)
+    """User ids trusted as members (as if approved by pairing): their own memory, no host
+    tools."""
     allow_guilds: IdList = Field(default_factory=list)
     """Server ids: when set, the bot answers in these servers only, and there to anyone."""
     allow_channels: IdList = Field(default_factory=list)
@@ -121,7 +127,7 @@ class DiscordChannelConfig(Section):
                               "create a bot in the Discord developer portal (Bot → Reset "
                               "Token) and set channels.discord.token (e.g. ${DISCORD_BOT_TOKEN})")
 
-    @field_validator("allow_from", "allow_guilds", "allow_channels")
+    @field_validator("allow_from", "members", "allow_guilds", "allow_channels")
     @classmethod
     def _snowflakes(cls, values: list[str]) -> list[str]:
         for i, value in enumerate(values):

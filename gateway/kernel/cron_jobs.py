@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from gateway.kernel.clock import Clock
+from gateway.kernel.events import Trust
 from gateway.kernel.schedule import Schedule, ScheduleError
 from gateway.kernel.store import Store
 
@@ -42,7 +43,9 @@ CREATE TABLE IF NOT EXISTS cron_jobs (
     run_requested TEXT,
     created_by TEXT NOT NULL,
     created_at TEXT NOT NULL,
-    thread_id TEXT
+    thread_id TEXT,
+    trust TEXT NOT NULL DEFAULT 'owner',
+    sender_id TEXT
 );
 CREATE INDEX IF NOT EXISTS cron_jobs_due ON cron_jobs(next_run) WHERE enabled = 1;
 CREATE INDEX IF NOT EXISTS cron_jobs_target ON cron_jobs(channel, chat_id);
@@ -59,7 +62,8 @@ CREATE TABLE IF NOT EXISTS cron_runs (
 );
 """
 _JOB_COLS = ("id, name, message, kind, schedule_kind, schedule, tz, anchor, channel, chat_id, "
-             "enabled, next_run, run_requested, created_by, created_at, thread_id")
+             "enabled, next_run, run_requested, created_by, created_at, thread_id, trust, "
+             "sender_id")
 
 
 def ts(when: datetime) -> str:
@@ -102,6 +106,10 @@ class NewJob:
     created_by: str = "cli"
     thread_id: str | None = None
     """The topic or thread of the chat the job answers in (the one it was made in)."""
+    trust: Trust = "owner"
+    """The trust of whoever made the job: its task turns run with that level's tools."""
+    sender_id: str | None = None
+    """Who made it in a chat (for a task turn's memory); None: the owner from the CLI."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,8 @@ class CronJob:
     created_by: str
     created_at: datetime
     thread_id: str | None = None
+    trust: Trust = "owner"
+    sender_id: str | None = None
     last: LastRun | None = None
 
     @property
@@ -145,7 +155,7 @@ def _job(row: Any) -> CronJob:
                    schedule=Schedule(row[4], row[5], row[6], anchor), channel=row[8],
                    chat_id=row[9], enabled=bool(row[10]), next_run=_dt(row[11]),
                    run_requested=_dt(row[12]), created_by=row[13], created_at=created,
-                   thread_id=row[15])
+                   thread_id=row[15], trust=row[16], sender_id=row[17])
 
 
 class CronJobs:
@@ -165,6 +175,10 @@ class CronJobs:
         columns = {row[1] for row in await self.store.fetchall("PRAGMA table_info(cron_jobs)")}
         if "thread_id" not in columns:  # a database from before jobs kept their thread
             await self.store.ensure_schema("ALTER TABLE cron_jobs ADD COLUMN thread_id TEXT;")
+        if "trust" not in columns:  # from before trust levels: only the owner made jobs
+            await self.store.ensure_schema(
+                "ALTER TABLE cron_jobs ADD COLUMN trust TEXT NOT NULL DEFAULT 'owner';"
+                "ALTER TABLE cron_jobs ADD COLUMN sender_id TEXT;")
 
     async def add(self, new: NewJob) -> CronJob:
         """Validate and store a job; raises ScheduleError saying what is wrong."""
@@ -186,10 +200,10 @@ class CronJobs:
         async with self.store.transaction() as db:
             await db.execute(
                 f"INSERT INTO cron_jobs ({_JOB_COLS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?, ?, ?, ?)",
                 (job_id, name, new.message, new.kind, schedule.kind, schedule.spec, schedule.tz,
                  ts(schedule.anchor), new.channel, new.chat_id, ts(next_run), new.created_by,
-                 ts(now), new.thread_id))
+                 ts(now), new.thread_id, new.trust, new.sender_id))
         self._changed()
         job = await self.get(job_id)
         assert job is not None

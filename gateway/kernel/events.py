@@ -7,6 +7,7 @@ anyone changing it underneath another. Timestamps are always timezone-aware.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -15,6 +16,16 @@ ChatType = Literal["direct", "group"]
 InboundKind = Literal["user", "command", "cron", "heartbeat", "subagent"]
 OutboundKind = Literal["reply", "progress", "cron", "heartbeat", "notice", "error"]
 MediaKind = Literal["image", "audio", "video", "file"]
+Trust = Literal["owner", "member", "guest"]
+"""Who is speaking, as decided by the channel that took the message in: the *owner* (listed in
+``allow_from``, or on the terminal, the local channel or WebChat), a *member* (approved by
+pairing or listed in ``members``), or a *guest* (served only because a place is open to all)."""
+TRUST_RANK: dict[str, int] = {"guest": 0, "member": 1, "owner": 2}
+
+
+def lowest_trust(levels: Iterable[Trust]) -> Trust:
+    """The least trusted of ``levels`` (several messages answered in one turn)."""
+    return min(levels, key=TRUST_RANK.__getitem__, default="guest")
 
 
 def utcnow() -> datetime:
@@ -102,6 +113,9 @@ class InboundMessage:
     the bot, handed over as context right before the next message that is)."""
     senders_inline: bool = False
     """The text already names each sender (several group messages merged into one turn)."""
+    trust: Trust = "guest"
+    """How far the sender is trusted (``agent/trust.py`` turns it into tools and memory);
+    a message nobody vouched for is a guest's."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Platform extras for display and logs; never read to decide what happens."""
 
@@ -127,6 +141,8 @@ class InboundMessage:
         for flag in ("context_only", "senders_inline"):  # inbox rows of earlier versions
             if flag in old:
                 data.setdefault(flag, bool(old.pop(flag)))
+        if "trust" not in data:  # inbox rows from before trust levels: the gateway's own jobs
+            data["trust"] = "owner" if data.get("kind") in ("cron", "heartbeat") else "guest"
         data["metadata"] = old
         return _from_dict(cls, data)  # type: ignore[no-any-return]
 

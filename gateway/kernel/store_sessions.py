@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.secrets import SECRETS
 from gateway.kernel.store_db import Database, dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
 
@@ -208,7 +209,8 @@ class SessionTables(Database):
                       c.attempts, now) for c in calls or ()]
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
-                        json.dumps(snapshot, ensure_ascii=False)) if snapshot is not None else None
+                        SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
+                        ) if snapshot is not None else None
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)

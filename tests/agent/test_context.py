@@ -72,7 +72,7 @@ def inbound(text: str = "hello there", **kw: Any) -> InboundMessage:
     fields: dict[str, Any] = {"channel": "telegram", "chat_id": "c42", "sender_id": "u7",
                               "sender_name": "Alice", "received_at": RECEIVED}
     fields.update(kw)
-    return InboundMessage(text=text, **fields)
+    return InboundMessage(text=text, **{"trust": "owner", **fields})
 
 
 def write_workspace(ws: Path, files: dict[str, str] = FILES) -> None:
@@ -212,7 +212,8 @@ def test_runtime_block(tmp_path: Path, counter: TokenCounter) -> None:
     assert lines[1] == "Time: 2024-07-07 00:30:00 Europe/Berlin (UTC+0200), Sunday"
     assert lines[2:] == [
         "Channel: telegram", "Chat ID: c42", "Chat type: direct", "Thread: t9",
-        "Sender: Alice (id u7)", "Channel hints:", "- Markup: Telegram HTML",
+        "Sender: Alice (id u7)", "Sender trust: owner", "Channel hints:",
+        "- Markup: Telegram HTML",
         "- Message length limit: 4096 characters (longer replies are split)",
         "- Etiquette: answer only when mentioned"]
     assert user["content"] == "hello there"

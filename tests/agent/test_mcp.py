@@ -33,6 +33,7 @@ def stdio(name: str = "fake", **extra: Any) -> dict[str, Any]:
 
 def ctx(tmp_path: Path) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=tmp_path)
 
@@ -247,6 +248,43 @@ async def test_streamable_http_server(managers: Callable[..., MCPManager],
         assert gone.is_error and "MCP server web" in gone.text
         await until(manager, lambda: manager.state("web") == "reconnecting")
     finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_an_http_server_is_reached_directly_whatever_the_proxy_settings(
+        managers: Callable[..., MCPManager], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's loopback server is trusted (its host and port), and the client takes no
+    proxy from the environment: a proxy would be the connection the guard sees."""
+    proxied: list[int] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        proxied.append(1)
+        writer.close()
+
+    trap = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{trap.sockets[0].getsockname()[1]}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, FAKE, "--http", str(port), stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        manager = managers({"name": "web", "url": f"http://localhost:{port}/mcp"},
+                           connect_timeout="5s")
+        await manager.start()
+        await until(manager, lambda: manager.state("web") == "connected")
+        registry = ToolRegistry()
+        manager.attach(registry)
+        result = await registry.execute("mcp_web_add", {"a": 1, "b": 2}, ctx(tmp_path))
+        assert result.text == "3" and proxied == []
+    finally:
+        trap.close()
+        await trap.wait_closed()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()

@@ -73,6 +73,7 @@ def make(llm: ScriptedLLM, tmp_path: Path, *tools: object, iterations: int = 5) 
 
 def ctx(tmp_path: Path) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=tmp_path)
 

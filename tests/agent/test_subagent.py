@@ -14,25 +14,23 @@ from agent.provider import Provider
 from agent.subagent import RESULT_TAG, SubagentManager, subagent_registry
 from agent.tools import build_registry
 from agent.tools.base import Tool, ToolRegistry
-from agent.tools.exec_access import ExecAccess, HostRunner
 from agent.turn import TurnContext, TurnServices
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Store
+from tests.agent.tools.conftest import EXEC_FOR_LISTS
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 
 
 def registry(config: Config) -> ToolRegistry:
-    """The gateway's tools (exec with a runner that is never called here)."""
-    return build_registry(config.agent.tools,
-                          exec_access=ExecAccess("unsandboxed", "test", HostRunner()))
+    return build_registry(config.agent.tools, exec_access=EXEC_FOR_LISTS)
 
 
 def parent_ctx(config: Config, session_id: int = 1) -> TurnContext:
     msg = InboundMessage(session_override="local:c1", channel="local", chat_id="c1",
-                         sender_id="u1", text="", thread_id="t7",
+                         sender_id="u1", trust="owner", text="", thread_id="t7",
                          received_at=datetime(2026, 3, 2, 9, 30, tzinfo=UTC))
     return TurnContext(message=msg, session_id=session_id, workspace=config.workspace_path,
                        tools=config.agent.tools)

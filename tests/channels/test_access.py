@@ -138,12 +138,37 @@ async def test_an_approval_counts_at_once(pairing: PairingStore) -> None:
     await pairing.approve("chat", code.code)
     assert await access.verdict(direct(BOB)) == "serve"  # approved by the owner: no restart
     assert await access.verdict(group(BOB)) == "serve"  # and may address it in groups
+    assert await access.trust(BOB) == "member"
+
+
+@pytest.mark.parametrize(("settings", "sender", "verdict", "trust"), [
+    ({"allow_from": ["@ada"]}, ADA, "serve", "owner"),
+    ({"allow_from": [ADA.id], "members": [BOB.id]}, BOB, "serve", "member"),
+    ({"allow_from": [ADA.id], "members": ["@ada"]}, ADA, "serve", "owner"),
+    ({"members": [BOB.id], "dm_policy": "allowlist"}, BOB, "serve", "member"),
+    ({"dm_policy": "open"}, STRANGER, "serve", "guest"),
+    ({"dm_policy": "open", "members": [BOB.id]}, BOB, "serve", "member"),
+], ids=["owner by name", "listed member", "owner wins over member", "member under allowlist",
+        "open dm: a guest", "open dm: a listed member stays a member"])
+async def test_trust_of_who_is_served(pairing: PairingStore, settings: dict[str, Any],
+                                      sender: Sender, verdict: str, trust: str) -> None:
+    access = Access("chat", rules(**settings), pairing)
+    assert await access.verdict(direct(sender)) == verdict
+    assert await access.trust(sender) == trust
+
+
+async def test_anyone_in_an_open_place_is_a_guest(pairing: PairingStore) -> None:
+    access = Access("chat", rules(allow_from=[ADA.id], allow_places=[GROUP]), pairing)
+    assert await access.verdict(group(STRANGER)) == "serve"
+    assert await access.trust(STRANGER) == "guest"
+    assert await access.trust(ADA) == "owner"
 
 
 def test_each_platform_config_maps_to_rules() -> None:
     telegram = telegram_rules(TelegramChannelConfig(allow_from=["123", "@Ada"],
-                                                    allow_groups=["-100123"]))
+                                                    members=["@Bob"], allow_groups=["-100123"]))
     assert telegram.users == {"123", "@ada"} and telegram.places == {"-100123"}
+    assert telegram.members == {"@bob"}
     assert not telegram.confined and telegram.dm_policy == "pairing"
     discord = discord_rules(DiscordChannelConfig(allow_from=["1"], allow_guilds=["2"],
                                                  allow_channels=["3"], group_history=0))

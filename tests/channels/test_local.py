@@ -66,6 +66,16 @@ async def test_post_thread_and_command(http: aiohttp.ClientSession, bus: Message
     assert msg.kind == "command"
 
 
+async def test_local_senders_are_the_owner_unless_lowered(http: aiohttp.ClientSession,
+                                                          bus: MessageBus) -> None:
+    for extra, trust in (({}, "owner"), ({"trust": "guest"}, "guest"),
+                         ({"trust": "member"}, "member")):
+        body = {"chat_id": "c1", "sender_id": "u1", "text": "hi", **extra}
+        async with http.post("/v1/messages", json=body) as resp:
+            assert resp.status == 202
+        assert (await next_inbound(bus)).trust == trust
+
+
 GOOD = {"chat_id": "c1", "sender_id": "u1", "text": "hi"}
 
 
@@ -78,6 +88,7 @@ GOOD = {"chat_id": "c1", "sender_id": "u1", "text": "hi"}
     ({**GOOD, "text": "a\x00b"}, "text:"),
     ({**GOOD, "foo": 1}, "foo: unknown field"),
     ({**GOOD, "chat_type": "channel"}, "chat_type:"),
+    ({**GOOD, "trust": "admin"}, "trust:"),
     ({**GOOD, "mentioned": "yes"}, "mentioned:"),
     ({**GOOD, "thread_id": 3}, "thread_id:"),
     ({**GOOD, "sender_name": ["x"]}, "sender_name:"),

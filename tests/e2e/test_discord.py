@@ -29,18 +29,14 @@ BOT = {"id": str(BOT_ID), "username": "parley", "global_name": "Parley", "discri
        "avatar": None, "bot": True}
 
 
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord(heartbeat_interval=0.5) as server:
-        yield server
-
-
-def discord_config(make_config: MakeConfig, dc: FakeDiscord, **settings: Any) -> Config:
+def discord_config(make_config: MakeConfig, dc: FakeDiscord, *,
+                   agent: dict[str, Any] | None = None, **settings: Any) -> Config:
+    """Discord on the fake, Ada the owner; ``settings`` go to ``channels.discord``."""
     section = {"enabled": True, "token": dc.token, "api_base": dc.api_base,
                "typing_interval": "0.1s", "connect_timeout": "10s",
                "allow_from": [str(ADA_ID)], **settings}
     return make_config(channels={"local": {"enabled": False}, "discord": section,
-                                 "delivery": {"backoff": "0.1s"}})
+                                 "delivery": {"backoff": "0.1s"}}, agent=agent or {})
 
 
 @pytest.fixture

@@ -73,7 +73,8 @@ class ScriptedChannel(ChannelBase):
 def inbound(text: str, chat: str = "c1", mid: str | None = None,
             channel: str = "platform") -> InboundMessage:
     extra = {"message_id": mid} if mid else {}
-    return InboundMessage(channel=channel, chat_id=chat, sender_id="u1", text=text, **extra)
+    return InboundMessage(channel=channel, chat_id=chat, sender_id="u1", text=text,
+                          **{"trust": "owner", **extra})
 
 
 async def test_a_repeated_channel_message_is_answered_once(gateway: Gateway,

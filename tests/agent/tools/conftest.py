@@ -12,12 +12,17 @@ from typing import Any
 import pytest
 
 from agent.tools.base import ToolRegistry
+from agent.tools.exec_access import ExecAccess, HostRunner
 from agent.tools.sandbox import Sandbox, SandboxSpec
 from agent.tools.sandbox_probe import NoSandbox, find_sandbox
 from agent.tools.shell import CommandRunner, exec_tool
 from agent.turn import TurnContext
 from gateway.kernel.config import ExecToolConfig, ToolsConfig
 from gateway.kernel.events import InboundMessage
+
+EXEC_FOR_LISTS = ExecAccess("unsandboxed", "tests that only list tools", HostRunner())
+"""For a registry whose tool list is looked at, never its exec run: exec is offered only with
+a way to run it (``build_registry``)."""
 
 
 async def real_sandbox(**spec: Any) -> Sandbox:
@@ -38,7 +43,8 @@ async def sandbox() -> Sandbox:
 
 def make_ctx(workspace: Path, **exec_config: Any) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
-                                              text="", received_at=datetime.now(UTC)),
+                                              trust="owner", text="",
+                                              received_at=datetime.now(UTC)),
                        session_id=1, workspace=workspace,
                        tools=ToolsConfig(exec=ExecToolConfig(**exec_config)))
 

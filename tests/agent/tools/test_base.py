@@ -39,6 +39,7 @@ def test_optional_arguments_are_plain_types_in_the_schema() -> None:
 
 async def test_null_and_unknown_arguments(tmp_path: Path) -> None:
     ctx = TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                              text="", received_at=datetime.now(UTC)),
                       session_id=1, workspace=tmp_path)
     assert await lookup(ctx, {"query": "q", "limit": None}) == "q|None|None|False"

@@ -33,7 +33,7 @@ async def jobs(tmp_path: Path) -> AsyncIterator[CronJobs]:
 def ctx(ws: Path, jobs: CronJobs | None, **kw: Any) -> TurnContext:
     base: dict[str, Any] = {"session_override": "local:c1", "channel": "local",
                             "chat_id": "c1", "sender_id": "u1"}
-    msg = InboundMessage(**{**base, **kw}, text="", received_at=NOW)
+    msg = InboundMessage(**{"trust": "owner", **base, **kw}, text="", received_at=NOW)
     return TurnContext(message=msg, session_id=1, workspace=ws, services=TurnServices(cron=jobs))
 
 

@@ -20,6 +20,7 @@ REGISTRY = ToolRegistry(FILE_TOOLS)
 
 def make_ctx(workspace: Path, **files: Any) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=datetime.now(UTC)),
                        session_id=1, workspace=workspace,
                        tools=ToolsConfig(files=FileToolsConfig(**files)))

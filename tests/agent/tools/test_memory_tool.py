@@ -14,11 +14,13 @@ from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.config import MemoryConfig, ToolsConfig
 from gateway.kernel.events import InboundMessage
-from workspace.memory import memory_store_for
+from workspace.memory import memory_store_for, person_scope
 
 NO_OTHER_TOOLS = ToolsConfig.model_validate(
     {group: {"enabled": False} for group in ("files", "exec", "message", "cron", "web", "spawn")})
 RECEIVED = datetime(2026, 11, 20, 23, 30, tzinfo=UTC)
+OWN = "memory/people/local+u1"
+"""Where the owner's notes said as local user u1 go (MEMORY.md facts stay at the top)."""
 
 
 def registry(**config: Any) -> ToolRegistry:
@@ -27,6 +29,7 @@ def registry(**config: Any) -> ToolRegistry:
 
 def make_ctx(workspace: Path) -> TurnContext:
     return TurnContext(message=InboundMessage(channel="local", chat_id="c1", sender_id="u1",
+                                              trust="owner",
                                               text="", received_at=RECEIVED),
                        session_id=1, workspace=workspace)
 
@@ -40,7 +43,7 @@ async def test_remember_then_search(tmp_path: Path) -> None:
     reg = registry()
     text, err = await call(reg, tmp_path, action="remember",
                            text="Booked the dentist for Tuesday 10:00.")
-    assert (text, err) == ("Saved to memory/2026-11-21.md.", False)  # Berlin: past midnight
+    assert (text, err) == (f"Saved to {OWN}/2026-11-21.md.", False)  # Berlin: past midnight
     text, err = await call(reg, tmp_path, action="remember", kind="fact",
                            text="Sam's dentist is Dr. Weber.")
     assert (text, err) == ("Saved to MEMORY.md.", False)
@@ -51,7 +54,7 @@ async def test_remember_then_search(tmp_path: Path) -> None:
     text, err = await call(reg, tmp_path, action="search", text="dentist appointment")
     assert not err
     assert text == ("MEMORY.md:3\n- Sam's dentist is Dr. Weber.\n\n"
-                    "memory/2026-11-21.md:3\n[00:30] Booked the dentist for Tuesday 10:00.")
+                    f"{OWN}/2026-11-21.md:3\n[00:30] Booked the dentist for Tuesday 10:00.")
     text, err = await call(reg, tmp_path, action="search", text="passport")
     assert not err and text.startswith("No memory matches 'passport'")
 
@@ -100,12 +103,14 @@ async def test_concurrent_turns_both_land(tmp_path: Path) -> None:
     results = await asyncio.gather(*(call(reg, tmp_path, action="remember", text=n)
                                      for n in notes))
     assert all(not err for _, err in results)
-    log = (tmp_path / "memory" / "2026-11-21.md").read_text()
+    log = (tmp_path / OWN / "2026-11-21.md").read_text()
     assert all(f"[00:30] {n}\n" in log for n in notes)
 
 
 async def test_tool_and_recall_share_one_store(tmp_path: Path) -> None:
     await call(registry(), tmp_path, action="remember", text="The boiler was serviced.")
-    store = memory_store_for(tmp_path, MemoryConfig(), timezone="Europe/Berlin")
+    store = memory_store_for(tmp_path, MemoryConfig(), timezone="Europe/Berlin",
+                             scope=person_scope("local:u1"))
     block = store.recall("is the boiler ok?", counter=TokenCounter("openai/gpt-4o-mini"))
-    assert block is not None and "[memory/2026-11-21.md] [00:30] The boiler was serviced." in block
+    assert block is not None and \
+        f"[{OWN}/2026-11-21.md] [00:30] The boiler was serviced." in block

@@ -32,7 +32,7 @@ def ctx(ws: Path, sender: Sender, *, allowed: list[str] | None = None,
     tools = ToolsConfig.model_validate({"message": {"allowed_targets": allowed or []}})
     base: dict[str, Any] = {"session_override": "local:c1", "channel": "local",
                             "chat_id": "c1", "sender_id": "u1", "thread_id": "t9"}
-    msg = InboundMessage(**{**base, **kw}, text="", received_at=RECEIVED)
+    msg = InboundMessage(**{"trust": "owner", **base, **kw}, text="", received_at=RECEIVED)
     return TurnContext(message=msg, session_id=1, workspace=ws, tools=tools,
                        services=TurnServices(send=sender))
 
