@@ -208,7 +208,7 @@ class Sandbox:
             blob = memoryview(b"".join(os.fsencode(o) + b"\0"
                                        for o in [*options, "--info-fd", str(info_w)]))
             if len(blob) > _MAX_ARGS:
-                raise ValueError("too many sandbox options (ro_paths, hide)")
+                raise ToolError("too many sandbox options (ro_paths, hide)")
             while blob:
                 blob = blob[os.write(args_w, blob):]
             argv = [self.bwrap, "--args", str(args_r), "--", *self.limits(),

@@ -58,9 +58,14 @@ async def _output(*argv: str) -> str:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
+    except OSError:
+        return ""
+    try:
         async with asyncio.timeout(_TRIAL_TIMEOUT):
             out, _ = await proc.communicate()
-    except (OSError, TimeoutError):
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
         return ""
     return out.decode(errors="replace")
 

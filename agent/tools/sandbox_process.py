@@ -35,7 +35,7 @@ class _InfoSink(asyncio.Protocol):
         try:
             pid = int(json.loads(self.data)["child-pid"])
             self.done.set_result(os.pidfd_open(pid))  # at once: the pid can't be reused now
-        except (ValueError, KeyError, TypeError, ProcessLookupError):
+        except (ValueError, KeyError, TypeError, OSError):
             self.done.set_result(None)  # bwrap failed before its PID 1 existed, or it is gone
 
 

@@ -20,6 +20,7 @@ from typing import BinaryIO, Protocol
 
 from agent.tools.base import Tool, ToolError, ToolRetry
 from agent.turn import TurnContext
+from gateway.kernel.secrets import is_secret_name
 
 _HEAD_SHARE = 0.6
 _DRAIN_SECONDS = 2.0
@@ -71,19 +72,6 @@ DENY_RULES: tuple[tuple[str, str], ...] = (
     ("sudo, su or doas (no privilege escalation)", rf"{_CMD}(?:sudo|su|doas)\b(?!-)"),
 )
 _DENY = tuple((name, re.compile(pattern)) for name, pattern in DENY_RULES)
-
-_SECRET_NAME = re.compile(
-    r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)|COOKIE|SESSION|PRIVATE",
-    re.IGNORECASE)  # AUTH but not GIT_AUTHOR_NAME
-_SECRET_PREFIXES = ("AWS_", "GITHUB_", "HF_", "AZURE_", "GOOGLE_")
-_SECRET_NAMES = frozenset({"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TELEGRAM_BOT_TOKEN",
-                           "DISCORD_TOKEN", "DATABASE_URL"})
-
-
-def is_secret_name(name: str) -> bool:
-    upper = name.upper()
-    return (upper in _SECRET_NAMES or upper.startswith(_SECRET_PREFIXES)
-            or _SECRET_NAME.search(name) is not None)
 
 
 def child_env(environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
