@@ -93,7 +93,8 @@ async def test_a_repeated_channel_message_is_answered_once(gateway: Gateway,
 async def test_a_turn_cut_by_shutdown_is_answered_after_restart(make_config: MakeConfig,
                                                                llm: ScriptedLLM) -> None:
     config = make_config()
-    llm.reply("too slow", delay=30)
+    llm.hold()  # never released: the turn is still waiting for the model at the stop
+    llm.reply("too slow")
     gw = Gateway(config, grace=0.1)
     await gw.start()
     await gw.local.inject("c1", "important question")
@@ -115,7 +116,8 @@ async def test_recovery_takes_only_the_channels_this_process_runs(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
     """``parley chat`` (terminal only) must leave the gateway's pending work alone."""
     config = make_config()
-    llm.reply("too slow", delay=30)
+    llm.hold()  # never released: the turn is still waiting for the model at the stop
+    llm.reply("too slow")
     async with Gateway(config, grace=0.1) as gw:
         await gw.local.inject("c1", "for the gateway")
         await llm.wait_for_requests(1)
@@ -288,7 +290,8 @@ async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
 
         await post(base, "first", "m1")
         assert [r["text"] for r in await replies(base)] == ["first answer"]
-        llm.reply("never sent", delay=60)
+        llm.hold()  # never released: the gateway is killed mid-turn
+        llm.reply("never sent")
         await post(base, "second", "m2")
         await llm.wait_for_requests(2)
         proc.send_signal(signal.SIGKILL)  # mid-turn
