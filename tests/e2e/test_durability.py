@@ -305,14 +305,17 @@ async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
             got = await replies(base2)
             assert [r["text"] for r in got] == ["second answer"]  # "first answer" not repeated
             await post(base2, "second", "m2")  # the platform redelivers: answered once only
+            llm.echo()
+            await post(base2, "third", "m3")  # a later message: its answer comes next
             async with http.get(f"{base2}/v1/messages",
                                 params={"chat_id": "c1", "after": str(got[-1]["seq"]),
-                                        "wait": "0.5"}) as resp:
-                assert (await resp.json())["messages"] == []
+                                        "wait": "20"}) as resp:
+                assert [m["text"] for m in (await resp.json())["messages"]] == ["echo: third"]
         finally:
             proc2.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc2.wait(), 20)
             await drain2
     assert proc2.returncode == 0
-    contents = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
+    assert llm.calls == 4  # first, second (killed), second again, third
+    contents = [m["content"] for m in llm.requests[2]["messages"] if m["role"] == "user"]
     assert contents[0] == "first" and contents[-1] == "second"
