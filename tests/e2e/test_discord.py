@@ -106,7 +106,7 @@ async def test_direct_message_round_trip(gateway: Gateway, dc: FakeDiscord, llm:
     assert dc.gateway_urls[0].startswith("/gateway?")
     assert "compress=zlib-stream" in dc.gateway_urls[0]
     assert dc.identifies[0]["intents"] & (1 << 15)  # message content
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     health = gateway.health()["channels"]["discord"]
     assert health["running"] and health["state"] == "connected" and health["bot"] == "@parley"
     assert health["last_event"] and health["last_inbound"] and health["last_send_ok"]
@@ -269,7 +269,7 @@ async def test_the_agent_sends_a_workspace_file(gateway: Gateway, dc: FakeDiscor
     text, file = await dc.wait_sent(dm["id"], 2)
     assert text.content == "Here is the report."
     assert file.files == [("report.txt", b"all good\n")]
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     assert len(dc.sent_to(dm["id"])) == 2  # the final reply is not sent a second time
 
 
@@ -298,7 +298,7 @@ async def test_server_errors_and_lost_answers_deliver_once(gateway: Gateway, dc:
     dm = dc.dm_channel(world["ada"])
     dc.post(dm, world["ada"], "hello")
     await dc.wait_for(lambda: dc.calls.count(("POST", f"channels/{dm['id']}/messages")) >= 3)
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     assert [s.content for s in dc.sent_to(dm["id"])] == ["exactly once"]  # the nonce held
     assert gateway.health()["channels"]["discord"]["dead_letters"] == 0
 
@@ -365,7 +365,7 @@ async def test_what_was_said_while_stopped_is_answered_after_a_restart(
         replies = await dc.wait_sent(dm["id"], 2)
         assert replies[1].content == "caught up"
         assert channel_of(gw).catch_ups == 1
-        assert await gw.manager.flush(5)
+        assert await gw.manager.flush(10)
     assert user_texts(llm.last_request)[-1] == "said while Parley was stopped"
     assert llm.calls == 2  # "first" was not answered again
     assert [m.content for m in dc.sent_to(dm["id"])] == ["one", "caught up"]

@@ -142,7 +142,7 @@ async def test_send_failures_are_retried_and_a_429_waits(make_config: MakeConfig
     async with Gateway(config, channels=[platform]) as gw:
         await gw.bus.publish_inbound(inbound("hi"))
         await platform.wait_sent(1)
-        assert await gw.manager.flush(5)
+        assert await gw.manager.flush(10)
         assert [m.text for m in platform.sent] == ["delivered in the end"]
         assert platform.tries == 3
         health = gw.health()["channels"]["platform"]
@@ -171,7 +171,7 @@ async def test_undelivered_replies_are_resent_after_restart_and_delivered_ones_n
     second = ScriptedChannel()
     async with Gateway(config, channels=[second]) as gw2:
         await second.wait_sent(1)
-        assert await gw2.manager.flush(5)
+        assert await gw2.manager.flush(10)
         assert [(m.chat_id, m.text) for m in second.sent] == [("b", "stuck")]
         assert gw2.store is not None
         assert (await gw2.store.outbox_counts())["pending"] == 0
