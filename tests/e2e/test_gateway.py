@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from agent.context import LAYER_SEPARATOR, RUNTIME_TAG
+from agent.provider import warm_up
 from gateway.app import Gateway
 from tests.conftest import MakeConfig
 from tests.e2e.waiting import queued
@@ -53,6 +54,10 @@ class Client:
 
 @pytest.fixture(params=["auto", "litellm"], ids=["direct", "litellm"])
 async def gateway(make_config: MakeConfig, request: pytest.FixtureRequest) -> Any:
+    if request.param == "litellm":
+        # Importing litellm takes seconds (far more on a busy machine), once per process: part
+        # of setting up, not of the 10 s a test waits for the model's first request.
+        await asyncio.to_thread(warm_up)
     async with Gateway(make_config(agent={"transport": request.param}), grace=2.0) as gw:
         assert gw.provider.direct("openai/test-model") is (request.param == "auto")
         yield gw
