@@ -366,25 +366,23 @@ class ScriptedLLM:
                          unexpected=True)
             return error_response(400, f"invalid JSON body: {exc}")
 
-        scripted = self._script.popleft() if self._script else None
-        default = self._default if scripted is None else None
-        self._record(body, request, unexpected=scripted is None and default is None)
-        if scripted is None and default is None:
+        source = self._script.popleft() if self._script else self._default
+        self._record(body, request, unexpected=source is None)
+        if source is None:
             _log.warning("ScriptedLLM: unexpected request #%d", len(self.requests))
             return error_response(500, "ScriptedLLM: unexpected request (script empty)")
 
         self._in_flight += 1
         self._changed.set()
         try:
-            return await self._answer(request, scripted or default, body, prompt_bytes=len(raw))
+            return await self._answer(request, source, body, prompt_bytes=len(raw))
         finally:
             self._in_flight -= 1
             self._changed.set()
 
-    async def _answer(self, request: web.Request, source: _Scripted | _Default | None,
-                      body: JSON, *, prompt_bytes: int) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, source: _Scripted | _Default, body: JSON, *,
+                      prompt_bytes: int) -> web.StreamResponse:
         """Wait at the answer's gate, then send it (a default responder runs after the gate)."""
-        assert source is not None
         if source.gate is not None and await self._held(source.gate):
             return error_response(503, "ScriptedLLM: server stopping")
         if isinstance(source, _Scripted):
