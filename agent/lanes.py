@@ -71,8 +71,14 @@ class Lanes:
         return sum(len(lane.waiting) for lane in self._lanes.values())
 
     def waiting(self, session_key: str) -> int:
+        """Turns waiting in the session's lane (a fold of several messages counts once)."""
         lane = self._lanes.get(session_key)
         return len(lane.waiting) if lane else 0
+
+    def waiting_messages(self, session_key: str) -> int:
+        """Inbound messages waiting in the session's lane, each folded one counted."""
+        lane = self._lanes.get(session_key)
+        return sum(len(work.sources) for work in lane.waiting) if lane else 0
 
     def add(self, msg: InboundMessage) -> None:
         """Queue ``msg`` in its session's lane, starting the lane if it was idle."""

@@ -108,7 +108,8 @@ async def test_retry_after_is_read_from_a_429(llm: ScriptedLLM, provider: MakePr
 
 
 async def test_timeout_is_retried_then_reported(llm: ScriptedLLM, provider: MakeProvider) -> None:
-    llm.reply("late", delay=2).reply("late", delay=2)
+    held = llm.hold()  # never released: neither try gets an answer before its timeout
+    llm.reply("late", gate=held).reply("late", gate=held)
     with pytest.raises(ProviderUnavailable) as info:
         await provider(max_retries=1, timeout=0.2).complete(HELLO)
     assert info.value.attempts == 2 and "timed out" in str(info.value)

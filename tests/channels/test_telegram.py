@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,9 @@ class FlakyBus(MessageBus):
 
 
 class Clock:
+    """Monotonic seconds that move only when a test says: no watchdog fires because the
+    machine is slow."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
@@ -75,7 +77,7 @@ async def make_channel(tg: FakeTelegram, store: Store,
             "base_file_url": tg.base_file_url, "poll_timeout": "0.2s", "watchdog": "2s",
             "dm_policy": "open", "typing_interval": "0.05s", **settings})
         channel = TelegramChannel(config, bus=bus or MessageBus(), store=store,
-                                  media_dir=tmp_path / "media", clock=clock or time.monotonic)
+                                  media_dir=tmp_path / "media", clock=clock or Clock())
         made.append(channel)
         if start:
             await channel.start()

@@ -18,6 +18,7 @@ import channels.discord as discord_channel
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
+from tests.e2e.waiting import queued
 from tests.fakes.discord_server import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -82,14 +83,17 @@ def channel_of(gw: Gateway) -> discord_channel.DiscordChannel:
 
 async def test_direct_message_round_trip(gateway: Gateway, dc: FakeDiscord, llm: ScriptedLLM,
                                          world: dict[str, Any]) -> None:
-    llm.reply("**Hello** Ada! @everyone look", delay=0.3)
+    answer = llm.hold()
+    llm.reply("**Hello** Ada! @everyone look")
     dm = dc.dm_channel(world["ada"])
     asked = dc.post(dm, world["ada"], "hi there")
+    await llm.wait_for_requests(1)
+    await dc.wait_for(lambda: int(dm["id"]) in dc.typing)  # shown while the model works
+    answer.release()
     [reply] = await dc.wait_sent(dm["id"])
     assert reply.content == "**Hello** Ada! @\u200beveryone look"  # markdown as is, no ping
     assert reply.reference == int(asked["id"])  # answers the message it replies to
     assert reply.allowed_mentions == {"parse": []}
-    assert int(dm["id"]) in dc.typing  # shown while the model worked
     runtime = user_texts(llm.last_request)[-2]
     for line in ("Channel: discord", f"Chat ID: {dm['id']}", "Chat type: direct",
                  f"Sender: Ada (id {ADA_ID})"):
@@ -98,7 +102,7 @@ async def test_direct_message_round_trip(gateway: Gateway, dc: FakeDiscord, llm:
     assert dc.gateway_urls[0].startswith("/gateway?")
     assert "compress=zlib-stream" in dc.gateway_urls[0]
     assert dc.identifies[0]["intents"] & (1 << 15)  # message content
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     health = gateway.health()["channels"]["discord"]
     assert health["running"] and health["state"] == "connected" and health["bot"] == "@parley"
     assert health["last_event"] and health["last_inbound"] and health["last_send_ok"]
@@ -261,7 +265,7 @@ async def test_the_agent_sends_a_workspace_file(gateway: Gateway, dc: FakeDiscor
     text, file = await dc.wait_sent(dm["id"], 2)
     assert text.content == "Here is the report."
     assert file.files == [("report.txt", b"all good\n")]
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     assert len(dc.sent_to(dm["id"])) == 2  # the final reply is not sent a second time
 
 
@@ -290,7 +294,7 @@ async def test_server_errors_and_lost_answers_deliver_once(gateway: Gateway, dc:
     dm = dc.dm_channel(world["ada"])
     dc.post(dm, world["ada"], "hello")
     await dc.wait_for(lambda: dc.calls.count(("POST", f"channels/{dm['id']}/messages")) >= 3)
-    await gateway.manager.flush()
+    assert await gateway.manager.flush(10)
     assert [s.content for s in dc.sent_to(dm["id"])] == ["exactly once"]  # the nonce held
     assert gateway.health()["channels"]["discord"]["dead_letters"] == 0
 
@@ -307,13 +311,15 @@ async def test_a_dropped_gateway_loses_nothing(gateway: Gateway, dc: FakeDiscord
     assert len(dc.resumes) == 1 and dc.replayed >= 1  # the session resumed, the message replayed
     assert channel.disconnects == 1 and channel.resumes == 1
     # An answer produced while the gateway is down still goes out (REST needs no gateway).
-    llm.reply("Answered during the outage.", delay=0.3)
+    answer = llm.hold()
+    llm.reply("Answered during the outage.")
     dc.post(dm, world["ada"], "and now?")
     await llm.wait_for_requests(2)
     dc.gateway_open = False
     await dc.drop_gateway()
     await channel.wait_until(lambda c: not c.status().running)
     assert gateway.health()["channels"]["discord"]["state"] == "down"
+    answer.release()
     await dc.wait_sent(dm["id"], 2)
     dc.gateway_open = True
     await channel.wait_until(lambda c: c.status().running)
@@ -355,7 +361,7 @@ async def test_what_was_said_while_stopped_is_answered_after_a_restart(
         replies = await dc.wait_sent(dm["id"], 2)
         assert replies[1].content == "caught up"
         assert channel_of(gw).catch_ups == 1
-        assert await gw.manager.flush(5)
+        assert await gw.manager.flush(10)
     assert user_texts(llm.last_request)[-1] == "said while Parley was stopped"
     assert llm.calls == 2  # "first" was not answered again
     assert [m.content for m in dc.sent_to(dm["id"])] == ["one", "caught up"]
@@ -398,12 +404,14 @@ async def test_no_discord_task_survives_stop(make_config: MakeConfig, dc: FakeDi
     async with Gateway(config, grace=2.0):
         pass  # stopped within seconds of READY, while discord.py still waits for guilds
     assert leftovers() == []
-    llm.reply("hi", delay=0.3)
+    answer = llm.hold()
+    llm.reply("hi")
     gw = Gateway(config, grace=2.0)
     await gw.start()
     dm = dc.dm_channel(world["ada"])
     dc.post(dm, world["ada"], "hello")
     await dc.wait_for(lambda: bool(dc.typing))  # typing is running
+    answer.release()
     await dc.wait_sent(dm["id"])
     await gw.stop()
     assert leftovers() == []
@@ -413,12 +421,15 @@ async def test_no_discord_task_survives_stop(make_config: MakeConfig, dc: FakeDi
 async def test_messages_during_a_turn_are_collected(gateway: Gateway, dc: FakeDiscord,
                                                     llm: ScriptedLLM,
                                                     world: dict[str, Any]) -> None:
-    llm.reply("first answer", delay=0.5).reply("second answer")
+    first = llm.hold()
+    llm.reply("first answer").reply("second answer")
     dm = dc.dm_channel(world["ada"])
     dc.post(dm, world["ada"], "one")
     await llm.wait_for_requests(1)
     dc.post(dm, world["ada"], "two")
     dc.post(dm, world["ada"], "three")
+    await queued(gateway, f"discord:{dm['id']}", 2)
+    first.release()
     replies = await dc.wait_sent(dm["id"], 2)
     assert [r.content for r in replies] == ["first answer", "second answer"]
     last = user_texts(llm.last_request)[-1]

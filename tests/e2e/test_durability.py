@@ -94,7 +94,8 @@ async def test_a_repeated_channel_message_is_answered_once(gateway: Gateway,
 async def test_a_turn_cut_by_shutdown_is_answered_after_restart(make_config: MakeConfig,
                                                                llm: ScriptedLLM) -> None:
     config = make_config()
-    llm.reply("too slow", delay=30)
+    llm.hold()  # never released: the turn is still waiting for the model at the stop
+    llm.reply("too slow")
     gw = Gateway(config, grace=0.1)
     await gw.start()
     await gw.local.inject("c1", "important question")
@@ -116,7 +117,8 @@ async def test_recovery_takes_only_the_channels_this_process_runs(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
     """``parley chat`` (terminal only) must leave the gateway's pending work alone."""
     config = make_config()
-    llm.reply("too slow", delay=30)
+    llm.hold()  # never released: the turn is still waiting for the model at the stop
+    llm.reply("too slow")
     async with Gateway(config, grace=0.1) as gw:
         await gw.local.inject("c1", "for the gateway")
         await llm.wait_for_requests(1)
@@ -141,7 +143,7 @@ async def test_send_failures_are_retried_and_a_429_waits(make_config: MakeConfig
     async with Gateway(config, channels=[platform]) as gw:
         await gw.bus.publish_inbound(inbound("hi"))
         await platform.wait_sent(1)
-        assert await gw.manager.flush(5)
+        assert await gw.manager.flush(10)
         assert [m.text for m in platform.sent] == ["delivered in the end"]
         assert platform.tries == 3
         health = gw.health()["channels"]["platform"]
@@ -170,7 +172,7 @@ async def test_undelivered_replies_are_resent_after_restart_and_delivered_ones_n
     second = ScriptedChannel()
     async with Gateway(config, channels=[second]) as gw2:
         await second.wait_sent(1)
-        assert await gw2.manager.flush(5)
+        assert await gw2.manager.flush(10)
         assert [(m.chat_id, m.text) for m in second.sent] == [("b", "stuck")]
         assert gw2.store is not None
         assert (await gw2.store.outbox_counts())["pending"] == 0
@@ -289,7 +291,8 @@ async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
 
         await post(base, "first", "m1")
         assert [r["text"] for r in await replies(base)] == ["first answer"]
-        llm.reply("never sent", delay=60)
+        llm.hold()  # never released: the gateway is killed mid-turn
+        llm.reply("never sent")
         await post(base, "second", "m2")
         await llm.wait_for_requests(2)
         proc.send_signal(signal.SIGKILL)  # mid-turn
@@ -303,14 +306,17 @@ async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
             got = await replies(base2)
             assert [r["text"] for r in got] == ["second answer"]  # "first answer" not repeated
             await post(base2, "second", "m2")  # the platform redelivers: answered once only
+            llm.echo()
+            await post(base2, "third", "m3")  # a later message: its answer comes next
             async with http.get(f"{base2}/v1/messages",
                                 params={"chat_id": "c1", "after": str(got[-1]["seq"]),
-                                        "wait": "0.5"}) as resp:
-                assert (await resp.json())["messages"] == []
+                                        "wait": "20"}) as resp:
+                assert [m["text"] for m in (await resp.json())["messages"]] == ["echo: third"]
         finally:
             proc2.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc2.wait(), 20)
             await drain2
     assert proc2.returncode == 0
-    contents = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
+    assert llm.calls == 4  # first, second (killed), second again, third
+    contents = [m["content"] for m in llm.requests[2]["messages"] if m["role"] == "user"]
     assert contents[0] == "first" and contents[-1] == "second"

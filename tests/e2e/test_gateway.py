@@ -13,8 +13,10 @@ import aiohttp
 import pytest
 
 from agent.context import LAYER_SEPARATOR, RUNTIME_TAG
+from agent.provider import warm_up
 from gateway.app import Gateway
 from tests.conftest import MakeConfig
+from tests.e2e.waiting import queued
 from tests.fakes.openai_server import ScriptedLLM
 
 
@@ -52,6 +54,10 @@ class Client:
 
 @pytest.fixture(params=["auto", "litellm"], ids=["direct", "litellm"])
 async def gateway(make_config: MakeConfig, request: pytest.FixtureRequest) -> Any:
+    if request.param == "litellm":
+        # Importing litellm takes seconds (far more on a busy machine), once per process: part
+        # of setting up, not of the 10 s a test waits for the model's first request.
+        await asyncio.to_thread(warm_up)
     async with Gateway(make_config(agent={"transport": request.param}), grace=2.0) as gw:
         assert gw.provider.direct("openai/test-model") is (request.param == "auto")
         yield gw
@@ -189,12 +195,15 @@ async def test_status_and_help(client: Client, llm: ScriptedLLM) -> None:
 
 
 async def test_busy_session_collects_waiting_messages_into_one_turn(
-        client: Client, llm: ScriptedLLM) -> None:
-    llm.reply("first", delay=0.5).reply("about b and c")
+        client: Client, llm: ScriptedLLM, gateway: Gateway) -> None:
+    first = llm.hold()
+    llm.reply("first").reply("about b and c")
     await client.post("c1", "a")
     await llm.wait_for_requests(1)  # "a" is running; "b" and "c" arrive meanwhile
     for text in ("b", "c"):
         await client.post("c1", text)
+    await queued(gateway, "local:c1", 2)
+    first.release()
     replies = await client.replies("c1", 2)
     assert [r["text"] for r in replies] == ["first", "about b and c"]
     users = [m["content"] for m in llm.last_request["messages"] if m["role"] == "user"]
@@ -204,10 +213,14 @@ async def test_busy_session_collects_waiting_messages_into_one_turn(
 
 async def test_followup_mode_answers_each_in_order(make_config: MakeConfig,
                                                    llm: ScriptedLLM) -> None:
-    llm.reply("first", delay=0.3).reply("second").reply("third")
+    first = llm.hold()
+    llm.reply("first").reply("second").reply("third")
     async with Gateway(make_config(agent={"queue_mode": "followup"})) as gw:
         for text in ("a", "b", "c"):
             await gw.local.inject("c1", text)
+        await llm.wait_for_requests(1)
+        await queued(gw, "local:c1", 2)
+        first.release()
         records: list[dict[str, Any]] = []
         while len(records) < 3:
             found, _ = await gw.local.wait_messages("c1", after=len(records), timeout=10)
@@ -220,11 +233,14 @@ async def test_followup_mode_answers_each_in_order(make_config: MakeConfig,
 
 async def test_steer_mode_hands_new_messages_to_the_running_turn(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
-    llm.tool_call("list_dir", {"path": "."}, delay=0.5).reply("done, with the change")
+    call = llm.hold()
+    llm.tool_call("list_dir", {"path": "."}).reply("done, with the change")
     async with Gateway(make_config(agent={"queue_mode": "steer"})) as gw:
         await gw.local.inject("c1", "list my files")
         await llm.wait_for_requests(1)
         await gw.local.inject("c1", "actually, only markdown files")
+        await queued(gw, "local:c1", 1)
+        call.release()
         found, _ = await gw.local.wait_messages("c1", timeout=10)
     assert [r["text"] for r in found] == ["done, with the change"]
     last = llm.last_request["messages"]
@@ -236,14 +252,18 @@ async def test_steer_mode_hands_new_messages_to_the_running_turn(
 
 async def test_queue_cap_folds_the_oldest_instead_of_dropping(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
-    llm.reply("first", delay=0.5)
+    first = llm.hold()
+    llm.reply("first")
     config = make_config(agent={"queue_mode": "followup", "queue_cap": 3})
     async with Gateway(config) as gw:
         await gw.local.inject("c1", "m0")
         await llm.wait_for_requests(1)
         for i in range(1, 6):
             await gw.local.inject("c1", f"m{i}")
+        await queued(gw, "local:c1", 5)
+        assert gw.agent is not None and gw.agent.lanes.waiting("local:c1") == 3  # folded
         llm.echo()
+        first.release()
         records: list[dict[str, Any]] = []
         while len(records) < 4:
             found, _ = await gw.local.wait_messages("c1", after=len(records), timeout=10)
@@ -258,7 +278,8 @@ async def test_queue_cap_folds_the_oldest_instead_of_dropping(
 
 async def test_stop_cancels_the_running_turn_and_keeps_the_message(
         make_config: MakeConfig, llm: ScriptedLLM) -> None:
-    llm.reply("too late", delay=30)
+    llm.hold()  # never released: the model is still thinking when /stop comes
+    llm.reply("too late")
     async with Gateway(make_config()) as gw:
         await gw.local.inject("c1", "write a novel")
         await llm.wait_for_requests(1)
@@ -272,14 +293,16 @@ async def test_stop_cancels_the_running_turn_and_keeps_the_message(
 
 
 async def test_sessions_run_concurrently(client: Client, llm: ScriptedLLM) -> None:
-    llm.echo(delay=0.3)
+    answers = llm.hold()
+    llm.echo()
     for chat in ("x", "y", "z"):
         await client.post(chat, f"hi {chat}")
-    started = asyncio.get_running_loop().time()
+    # All three asks reach the model before any is answered: in sequence, the second would
+    # wait for the first answer, which is held.
+    await llm.wait_in_flight(3)
+    answers.release()
     for chat in ("x", "y", "z"):
         assert (await client.replies(chat))[0]["text"] == f"echo: hi {chat}"
-    # Three 0.3 s answers in sequence would take 0.9 s; concurrently they overlap.
-    assert asyncio.get_running_loop().time() - started < 0.85
 
 
 async def test_rate_limit_is_retried(client: Client, llm: ScriptedLLM) -> None:

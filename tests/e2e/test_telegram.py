@@ -59,13 +59,16 @@ def user_texts(request: dict[str, Any]) -> list[str]:
 
 async def test_direct_message_round_trip(gateway: Gateway, tg: FakeTelegram,
                                          llm: ScriptedLLM) -> None:
-    llm.reply("**Hello** Ada! Try `/new`.", delay=0.3)
+    answer = llm.hold()
+    llm.reply("**Hello** Ada! Try `/new`.")
     ada = tg.user(ADA_ID, "Ada", last_name="Lovelace", username="ada")
     tg.dm(ada, "hi there")
+    await llm.wait_for_requests(1)
+    await tg.wait_for(lambda: (ADA_ID, "typing", None) in tg.actions)  # while the model works
+    answer.release()
     [reply] = await tg.wait_sent(ADA_ID)
     assert reply.raw == "<b>Hello</b> Ada! Try <code>/new</code>."
     assert reply.parse_mode == "HTML" and reply.reply_to is None  # no quoting in private chats
-    assert (ADA_ID, "typing", None) in tg.actions  # shown while the model worked
     runtime = user_texts(llm.last_request)[-2]
     for line in ("Channel: telegram", f"Chat ID: {ADA_ID}", "Chat type: direct",
                  f"Sender: Ada Lovelace (id {ADA_ID})"):
@@ -219,11 +222,13 @@ async def test_rate_limited_send_waits_and_arrives_once(gateway: Gateway, tg: Fa
 
 async def test_no_telegram_task_survives_stop(make_config: MakeConfig, tg: FakeTelegram,
                                               llm: ScriptedLLM) -> None:
-    llm.reply("hi", delay=0.2)
+    answer = llm.hold()
+    llm.reply("hi")
     gw = Gateway(telegram_config(make_config, tg), grace=2.0)
     await gw.start()
     tg.dm(tg.user(ADA_ID, "Ada"), "hello")
     await tg.wait_for(lambda: bool(tg.actions))  # typing is running
+    answer.release()
     await tg.wait_sent(ADA_ID)
     await gw.stop()
     left = [t.get_name() for t in asyncio.all_tasks()
@@ -245,7 +250,8 @@ async def test_restart_answers_what_was_not_answered_once(
     await first.start()
     tg.dm(ada, "one")
     await tg.wait_sent(ADA_ID)
-    llm.reply("too late", delay=5)  # the model is still thinking when the gateway stops
+    llm.hold()  # never released: the model is still thinking when the gateway stops
+    llm.reply("too late")
     tg.dm(ada, "two")
     await llm.wait_for_requests(2)
     await first.stop()

@@ -2,7 +2,8 @@
 
 Why: our agent talks to models through litellm, and mocking litellm would test our mocks rather
 than the real request building, streaming assembly and error mapping. This server speaks the
-wire protocol instead, so the real litellm (and the real openai SDK under it) runs end to end.
+wire protocol (``openai_wire.py``) instead, so the real litellm (and the real openai SDK under
+it) runs end to end.
 
 Tests push answers in advance (`reply`, `tool_call`, `error`, ...); each request takes the next
 one in FIFO order. A request with nothing scripted and no default responder is an *unexpected*
@@ -12,17 +13,26 @@ call: it gets HTTP 500 and is recorded, so `assert_all_used()` fails the test.
         llm.tool_call("read_file", {"path": "a.txt"}).reply("done")
         await run_turn(api_base=llm.base_url)
         llm.assert_all_used()
+
+No answer waits on the wall clock. To keep a request busy, hold its answer behind a `Gate`:
+it is sent when the test calls `release()`, and never if it does not (a model that does not
+answer, for timeouts and `/stop`; stopping the server still ends the held request at once).
+`wait_for_requests(n)` and `wait_in_flight(n)` are the events a test waits for meanwhile.
+
+    gate = llm.hold()                   # holds the next answer scripted
+    llm.reply("first").reply("second")  # "first" is held, "second" is not
+    ...
+    await llm.wait_in_flight(1)
+    gate.release()
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import itertools
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,63 +41,67 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from tests.fakes.openai_wire import (
+    JSON,
+    Answer,
+    ToolCall,
+    answer_from,
+    completion,
+    echo,
+    error_response,
+    json_response,
+    last_user_text,
+    models_list,
+    parse_request,
+    send_stream,
+    stream_events,
+    usage_of,
+)
+
 _log = logging.getLogger(__name__)
 
-__all__ = ["Responder", "ScriptedLLM"]
+__all__ = ["Gate", "Responder", "ScriptedLLM"]
 
-JSON = dict[str, Any]
 ToolArgs = Mapping[str, Any] | str
 """Tool arguments: a mapping is sent as JSON; a str is sent verbatim (to script malformed JSON)."""
 
 Responder = Callable[[JSON], "JSON | str | Awaitable[JSON | str]"]
 """Default answer for an empty script: a str is a text reply; a dict is an assistant message
 (`content` and/or OpenAI-shaped `tool_calls`, whose `arguments` may be a dict), optionally with
-`usage`. May be async, to simulate work."""
-
-# litellm maps errors by searching the body text before it looks at the status: any body saying
-# "invalid_request_error" becomes BadRequestError. OpenAI's real 401 escapes that only through its
-# "Incorrect API key provided" wording, so a scripted 401 says "authentication_error" instead.
-_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
-    400: ("invalid_request_error", None),
-    401: ("authentication_error", "invalid_api_key"),
-    403: ("permission_error", None),
-    404: ("invalid_request_error", "model_not_found"),
-    429: ("requests", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    503: ("server_error", "service_unavailable"),
-}
-_STREAM_PIECES = 3
-_SSE_DONE = b"data: [DONE]\n\n"
+`usage`. May be async."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _ToolCall:
-    id: str
-    name: str
-    arguments: str
+class Gate:
+    """Holds the answers scripted with it until `release()`; unreleased, they never come.
 
+    One gate may hold several answers (and a default responder's every answer); one
+    `release()` lets them all go, and answers taken after it are not held.
+    """
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Answer:
-    """One scripted answer; `status` other than 200 makes it an error answer."""
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
 
-    content: str | None = None
-    tool_calls: tuple[_ToolCall, ...] = ()
-    usage: Mapping[str, int] | None = None
-    status: int = 200
-    error_message: str = ""
-    retry_after: float | None = None
-    delay: float = 0.0
+    def release(self) -> None:
+        self._open.set()
 
     @property
-    def finish_reason(self) -> str:
-        return "tool_calls" if self.tool_calls else "stop"
+    def released(self) -> bool:
+        return self._open.is_set()
+
+    async def wait(self) -> None:
+        await self._open.wait()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class _Scripted:
+    answer: Answer
+    gate: Gate | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Default:
     responder: Responder
-    delay: float = 0.0
+    gate: Gate | None = None
 
 
 @dataclass(slots=True)
@@ -112,14 +126,15 @@ class ScriptedLLM:
         self._host = host
         self._requested_port = port
         self._models = tuple(models)
-        self._script: deque[_Answer] = deque()
-        self._pending_delay: float | None = None
+        self._script: deque[_Scripted] = deque()
+        self._pending_gate: Gate | None = None
         self._default: _Default | None = None
         self._counters = _Counters()
-        self._received = asyncio.Condition()
+        self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._in_flight = 0
         self.requests: list[JSON] = []
         """Parsed JSON bodies of every chat request, in arrival order."""
         self.request_headers: list[dict[str, str]] = []
@@ -139,7 +154,7 @@ class ScriptedLLM:
             app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
             app.router.add_get(f"{prefix}/models", self._handle_models)
         # No access log: benchmarks send thousands of requests. Handler cancellation lets a
-        # client that timed out free its delayed handler at once instead of at shutdown.
+        # client that gave up free its held handler at once instead of at shutdown.
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -160,7 +175,7 @@ class ScriptedLLM:
         return self
 
     async def stop(self) -> None:
-        """Stop serving; safe to call twice. Wakes delayed answers so shutdown is prompt."""
+        """Stop serving; safe to call twice. Held answers end at once with HTTP 503."""
         runner, self._runner = self._runner, None
         if runner is None:
             return
@@ -191,16 +206,19 @@ class ScriptedLLM:
 
     # -- scripting ------------------------------------------------------------------------------
 
-    def delay(self, seconds: float) -> Self:
-        """Delay the next scripted answer: `llm.delay(1.0).reply("late")`."""
-        self._pending_delay = seconds
-        return self
+    def hold(self) -> Gate:
+        """A new gate holding the next answer scripted (or the next `respond_with`/`echo`).
+
+        Pass the same gate as `gate=` to hold more answers behind it.
+        """
+        self._pending_gate = Gate()
+        return self._pending_gate
 
     def reply(
-        self, text: str, *, usage: Mapping[str, int] | None = None, delay: float = 0.0
+        self, text: str, *, usage: Mapping[str, int] | None = None, gate: Gate | None = None
     ) -> Self:
         """Script an assistant text answer."""
-        return self._push(_Answer(content=text, usage=usage, delay=delay))
+        return self._push(Answer(content=text, usage=usage), gate)
 
     def tool_call(
         self,
@@ -209,24 +227,24 @@ class ScriptedLLM:
         *,
         call_id: str | None = None,
         usage: Mapping[str, int] | None = None,
-        delay: float = 0.0,
+        gate: Gate | None = None,
     ) -> Self:
         """Script an assistant message asking for one tool call."""
         call = self._make_call(name, arguments, call_id)
-        return self._push(_Answer(tool_calls=(call,), usage=usage, delay=delay))
+        return self._push(Answer(tool_calls=(call,), usage=usage), gate)
 
     def tool_calls(
         self,
         calls: Sequence[tuple[str, ToolArgs] | tuple[str, ToolArgs, str]],
         *,
         usage: Mapping[str, int] | None = None,
-        delay: float = 0.0,
+        gate: Gate | None = None,
     ) -> Self:
         """Script one assistant message asking for several tool calls: `(name, args[, id])`."""
         made = tuple(self._make_call(c[0], c[1], c[2] if len(c) == 3 else None) for c in calls)
         if not made:
             raise ValueError("tool_calls() needs at least one call")
-        return self._push(_Answer(tool_calls=made, usage=usage, delay=delay))
+        return self._push(Answer(tool_calls=made, usage=usage), gate)
 
     def error(
         self,
@@ -234,39 +252,40 @@ class ScriptedLLM:
         message: str = "scripted error",
         *,
         retry_after: float | None = None,
-        delay: float = 0.0,
+        gate: Gate | None = None,
     ) -> Self:
         """Script an HTTP error with OpenAI's error body (and `Retry-After` when given)."""
         if status < 400:
             raise ValueError(f"error status must be >= 400, got {status}")
-        return self._push(
-            _Answer(status=status, error_message=message, retry_after=retry_after, delay=delay)
-        )
+        answer = Answer(status=status, error_message=message, retry_after=retry_after)
+        return self._push(answer, gate)
 
-    def respond_with(self, responder: Responder, *, delay: float = 0.0) -> Self:
+    def respond_with(self, responder: Responder, *, gate: Gate | None = None) -> Self:
         """Answer with `responder(request_json)` whenever the script is empty."""
-        self._default = _Default(responder, delay)
+        self._default = _Default(responder, self._gate(gate))
         return self
 
-    def echo(self, *, delay: float = 0.0) -> Self:
+    def echo(self, *, gate: Gate | None = None) -> Self:
         """Reply "echo: <last user text>" whenever the script is empty (benchmarks, smoke tests)."""
-        return self.respond_with(_echo, delay=delay)
+        return self.respond_with(echo, gate=gate)
 
     @property
     def pending(self) -> int:
         """Scripted answers not yet used."""
         return len(self._script)
 
-    def _push(self, answer: _Answer) -> Self:
-        if self._pending_delay is not None:
-            answer = dataclasses.replace(answer, delay=self._pending_delay)
-            self._pending_delay = None
-        self._script.append(answer)
+    def _gate(self, gate: Gate | None) -> Gate | None:
+        """The gate of the answer being scripted: the given one, else the one `hold()` made."""
+        pending, self._pending_gate = self._pending_gate, None
+        return gate or pending
+
+    def _push(self, answer: Answer, gate: Gate | None) -> Self:
+        self._script.append(_Scripted(answer, self._gate(gate)))
         return self
 
-    def _make_call(self, name: str, arguments: ToolArgs, call_id: str | None) -> _ToolCall:
+    def _make_call(self, name: str, arguments: ToolArgs, call_id: str | None) -> ToolCall:
         args = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
-        return _ToolCall(id=call_id or self._next_call_id(), name=name, arguments=args)
+        return ToolCall(id=call_id or self._next_call_id(), name=name, arguments=args)
 
     def _next_call_id(self) -> str:
         return f"call_{next(self._counters.call_ids):04d}"
@@ -279,24 +298,44 @@ class ScriptedLLM:
         return len(self.requests)
 
     @property
+    def in_flight(self) -> int:
+        """Chat requests received and not yet fully answered (a held one stays in flight)."""
+        return self._in_flight
+
+    @property
     def last_request(self) -> JSON:
         if not self.requests:
             raise AssertionError("ScriptedLLM received no request")
         return self.requests[-1]
 
-    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until at least `n` chat requests arrived; TimeoutError says how many did.
 
-        Takes `timeout` (unlike ASYNC109 advises) so a forgotten request fails fast with a count.
+        Takes `timeout` (unlike ASYNC109 advises) so a forgotten request fails with a count;
+        it is a safety cap, never what decides an outcome.
         """
+        await self._wait(lambda: len(self.requests) >= n, timeout,
+                         lambda: f"expected {n} request(s) within {timeout}s, "
+                                 f"got {len(self.requests)}")
+
+    async def wait_in_flight(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until at least `n` chat requests are in flight at once.
+
+        With their answers held, this proves the client sends them concurrently.
+        """
+        await self._wait(lambda: self._in_flight >= n, timeout,
+                         lambda: f"expected {n} request(s) in flight within {timeout}s, "
+                                 f"got {self._in_flight} (of {len(self.requests)} received)")
+
+    async def _wait(self, done: Callable[[], bool], timeout: float,
+                    describe: Callable[[], str]) -> None:
         try:
             async with asyncio.timeout(timeout):
-                async with self._received:
-                    await self._received.wait_for(lambda: len(self.requests) >= n)
+                while not done():
+                    self._changed.clear()
+                    await self._changed.wait()
         except TimeoutError:
-            raise TimeoutError(
-                f"expected {n} request(s) within {timeout}s, got {len(self.requests)}"
-            ) from None
+            raise TimeoutError(describe()) from None
 
     def assert_all_used(self) -> None:
         """Fail when script items are left over, a request was unexpected or a responder raised."""
@@ -304,7 +343,7 @@ class ScriptedLLM:
         if self._script:
             problems.append(f"{len(self._script)} scripted answer(s) never requested")
         if self.unexpected:
-            last = _last_user_text(self.unexpected[-1].get("messages"))
+            last = last_user_text(self.unexpected[-1].get("messages"))
             problems.append(
                 f"{len(self.unexpected)} unexpected request(s); last user text: {last!r}"
             )
@@ -316,57 +355,60 @@ class ScriptedLLM:
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _handle_models(self, request: web.Request) -> web.Response:
-        created = int(time.time())
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "parley-tests"}
-            for m in self._models
-        ]
-        return _json_response({"object": "list", "data": data})
+        return json_response(models_list(self._models))
 
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("body is not a JSON object")
+            body = parse_request(raw)
         except ValueError as exc:
-            body = {"_invalid_body": raw.decode("utf-8", "replace")}
-            self._record(body, request, unexpected=True)
-            async with self._received:
-                self._received.notify_all()
-            return _error_response(400, f"invalid JSON body: {exc}", None)
+            self._record({"_invalid_body": raw.decode("utf-8", "replace")}, request,
+                         unexpected=True)
+            return error_response(400, f"invalid JSON body: {exc}")
 
-        answer = self._script.popleft() if self._script else None
-        default = self._default if answer is None else None
-        self._record(body, request, unexpected=answer is None and default is None)
-        async with self._received:
-            self._received.notify_all()
-
-        if answer is None and default is None:
+        source = self._script.popleft() if self._script else self._default
+        self._record(body, request, unexpected=source is None)
+        if source is None:
             _log.warning("ScriptedLLM: unexpected request #%d", len(self.requests))
-            return _error_response(500, "ScriptedLLM: unexpected request (script empty)", None)
-        if answer is None:
-            assert default is not None
+            return error_response(500, "ScriptedLLM: unexpected request (script empty)")
+
+        self._in_flight += 1
+        self._changed.set()
+        try:
+            return await self._answer(request, source, body, prompt_bytes=len(raw))
+        finally:
+            self._in_flight -= 1
+            self._changed.set()
+
+    async def _answer(self, request: web.Request, source: _Scripted | _Default, body: JSON, *,
+                      prompt_bytes: int) -> web.StreamResponse:
+        """Wait at the answer's gate, then send it (a default responder runs after the gate)."""
+        if source.gate is not None and await self._held(source.gate):
+            return error_response(503, "ScriptedLLM: server stopping")
+        if isinstance(source, _Scripted):
+            answer = source.answer
+        else:
             try:
-                answer = await self._from_responder(default, body)
-            except Exception as exc:  # a test's bug: report it in assert_all_used, keep serving
+                answer = await self._from_responder(source.responder, body)
+            except Exception as exc:  # a test's bug: report it in assert_all_used
                 _log.exception("ScriptedLLM: responder failed")
                 self.responder_errors.append(exc)
-                return _error_response(500, f"ScriptedLLM: responder failed: {exc!r}", None)
+                return error_response(500, f"ScriptedLLM: responder failed: {exc!r}")
+        return await self._send(request, answer, body, prompt_bytes=prompt_bytes)
 
-        if answer.delay > 0 and await self._sleep_or_stop(answer.delay):
-            return _error_response(503, "ScriptedLLM: server stopping", None)
+    async def _send(self, request: web.Request, answer: Answer, body: JSON, *,
+                    prompt_bytes: int) -> web.StreamResponse:
         if answer.status != 200:
-            return _error_response(answer.status, answer.error_message, answer.retry_after)
-
+            return error_response(answer.status, answer.error_message, answer.retry_after)
         model = str(body.get("model", "unknown"))
-        usage = _usage(answer, prompt_bytes=len(raw))
+        usage = usage_of(answer, prompt_bytes=prompt_bytes)
         completion_id = f"chatcmpl-scripted-{next(self._counters.completions)}"
         if body.get("stream"):
-            options = body.get("stream_options") or {}
-            include_usage = bool(options.get("include_usage"))
-            return await _stream(request, answer, model, completion_id, usage, include_usage)
-        return _json_response(_completion(answer, model, completion_id, usage))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = stream_events(answer, model, completion_id, usage,
+                                   include_usage=include_usage)
+            return await send_stream(request, events)
+        return json_response(completion(answer, model, completion_id, usage))
 
     def _record(self, body: JSON, request: web.Request, *, unexpected: bool) -> None:
         """Record synchronously, so `requests` order matches the order script items were taken."""
@@ -374,195 +416,23 @@ class ScriptedLLM:
         self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
         if unexpected:
             self.unexpected.append(body)
+        self._changed.set()
 
-    async def _from_responder(self, default: _Default, body: JSON) -> _Answer:
-        result = default.responder(body)
+    async def _from_responder(self, responder: Responder, body: JSON) -> Answer:
+        result = responder(body)
         if inspect.isawaitable(result):
             result = await result
-        if isinstance(result, str):
-            return _Answer(content=result, delay=default.delay)
-        message: Mapping[str, Any] = result
-        calls = tuple(
-            self._make_call(c["function"]["name"], c["function"].get("arguments", {}), c.get("id"))
-            for c in message.get("tool_calls") or ()
-        )
-        return _Answer(
-            content=message.get("content"),
-            tool_calls=calls,
-            usage=message.get("usage"),
-            delay=default.delay,
-        )
+        return answer_from(result, self._make_call)
 
-    async def _sleep_or_stop(self, seconds: float) -> bool:
-        """Sleep, but wake early when the server stops; True means it is stopping."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
-        except TimeoutError:
+    async def _held(self, gate: Gate) -> bool:
+        """Wait until the gate opens or the server stops; True means it is stopping."""
+        if gate.released:
             return False
-        return True
-
-
-# -- pure helpers: build OpenAI wire objects ------------------------------------------------------
-
-
-def _last_user_text(messages: object) -> str:
-    """Text of the last user message; content may be a string or a list of parts."""
-    if not isinstance(messages, list):
-        return ""
-    for message in reversed(messages):
-        if not isinstance(message, dict) or message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(
-                str(part.get("text", ""))
-                for part in content
-                if isinstance(part, dict) and part.get("type") == "text"
-            )
-        return ""
-    return ""
-
-
-def _echo(body: JSON) -> str:
-    return f"echo: {_last_user_text(body.get('messages'))}"
-
-
-def _usage(answer: _Answer, *, prompt_bytes: int) -> JSON:
-    """Given usage, else rough counts (~4 bytes a token) so cost/usage code sees numbers."""
-    given = dict(answer.usage or {})
-    if answer.tool_calls:
-        reply_len = sum(len(c.name) + len(c.arguments) for c in answer.tool_calls)
-    else:
-        reply_len = len(answer.content or "")
-    prompt = int(given.get("prompt_tokens", max(1, prompt_bytes // 4)))
-    completion = int(given.get("completion_tokens", max(1, reply_len // 4)))
-    total = int(given.get("total_tokens", prompt + completion))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
-
-
-def _message(answer: _Answer) -> JSON:
-    message: JSON = {"role": "assistant", "content": answer.content, "refusal": None}
-    if answer.tool_calls:
-        message["content"] = None
-        message["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for c in answer.tool_calls
-        ]
-    return message
-
-
-def _completion(answer: _Answer, model: str, completion_id: str, usage: JSON) -> JSON:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": "fp_scripted",
-        "choices": [
-            {
-                "index": 0,
-                "message": _message(answer),
-                "logprobs": None,
-                "finish_reason": answer.finish_reason,
-            }
-        ],
-        "usage": usage,
-    }
-
-
-def _split(text: str, pieces: int = _STREAM_PIECES) -> list[str]:
-    """Split text into a few fragments so clients must really reassemble a stream."""
-    if not text:
-        return []
-    size = max(1, -(-len(text) // pieces))
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-def _stream_deltas(answer: _Answer) -> list[JSON]:
-    """The `delta` objects OpenAI sends for this answer, before the finishing chunk."""
-    if not answer.tool_calls:
-        first: JSON = {"role": "assistant", "content": "", "refusal": None}
-        return [first, *({"content": piece} for piece in _split(answer.content or ""))]
-    deltas: list[JSON] = []
-    for index, call in enumerate(answer.tool_calls):
-        opening: JSON = {
-            "tool_calls": [
-                {
-                    "index": index,
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": ""},
-                }
-            ]
-        }
-        if index == 0:
-            opening = {"role": "assistant", "content": None, **opening}
-        deltas.append(opening)
-        deltas.extend(
-            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-            for piece in _split(call.arguments)
-        )
-    return deltas
-
-
-async def _stream(
-    request: web.Request,
-    answer: _Answer,
-    model: str,
-    completion_id: str,
-    usage: JSON,
-    include_usage: bool,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        status=200,
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-    )
-    await response.prepare(request)
-    base: JSON = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": "fp_scripted",
-    }
-    extra: JSON = {"usage": None} if include_usage else {}
-
-    def event(choices: list[JSON], **more: Any) -> bytes:
-        chunk = {**base, "choices": choices, **extra, **more}
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-    for delta in _stream_deltas(answer):
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-        await response.write(event([choice]))
-    final = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": answer.finish_reason}
-    await response.write(event([final]))
-    if include_usage:
-        await response.write(event([], usage=usage))
-    await response.write(_SSE_DONE)
-    await response.write_eof()
-    return response
-
-
-def _json_response(
-    payload: JSON, status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        body=json.dumps(payload).encode(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def _error_response(status: int, message: str, retry_after: float | None) -> web.Response:
-    kind, code = _ERROR_KINDS.get(status, ("server_error" if status >= 500 else "api_error", None))
-    payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
-    return _json_response(payload, status=status, headers=headers)
+        opened = asyncio.ensure_future(gate.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
+            stopping.cancel()
+        return not gate.released

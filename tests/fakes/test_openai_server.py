@@ -211,14 +211,75 @@ async def test_server_error_raises_internal_server_error(llm: ScriptedLLM) -> No
     assert llm.calls == 1
 
 
-async def test_slow_answer_times_out(llm: ScriptedLLM) -> None:
-    llm.delay(1.0).reply("too late")
+async def test_a_held_answer_that_never_comes_times_out(llm: ScriptedLLM) -> None:
+    llm.hold()
+    llm.reply("never sent")
 
     with pytest.raises(litellm.Timeout):
-        await complete(llm, timeout=0.2)
+        await complete(llm, timeout=0.2)  # the answer never comes: only the timeout can end it
 
     assert llm.calls == 1
     llm.assert_all_used()
+
+
+async def test_a_held_answer_waits_for_its_release(llm: ScriptedLLM) -> None:
+    gate = llm.hold()
+    llm.reply("held").reply("not held")
+
+    first = asyncio.create_task(complete(llm), name="held")
+    await llm.wait_in_flight(1)
+    second = await complete(llm)  # the next answer is not behind the gate
+
+    assert second.choices[0].message.content == "not held"
+    assert not first.done() and llm.in_flight == 1
+    gate.release()
+    assert (await first).choices[0].message.content == "held"
+    assert llm.in_flight == 0
+    llm.assert_all_used()
+
+
+async def test_one_gate_holds_concurrent_requests_until_released(llm: ScriptedLLM) -> None:
+    gate = llm.hold()
+    llm.echo(gate=gate)
+
+    tasks = [asyncio.create_task(complete(llm, [{"role": "user", "content": f"n{i}"}]))
+             for i in range(3)]
+    await llm.wait_in_flight(3)  # all three at once: the client sent them concurrently
+
+    assert not any(t.done() for t in tasks)
+    gate.release()
+    answers = await asyncio.gather(*tasks)
+    assert [a.choices[0].message.content for a in answers] == ["echo: n0", "echo: n1", "echo: n2"]
+    assert (await complete(llm)).choices[0].message.content == "echo: hi"  # released stays open
+
+
+async def test_gate_passed_to_several_answers(llm: ScriptedLLM) -> None:
+    gate = llm.hold()
+    llm.tool_call("get_weather", {"city": "Oslo"}, gate=gate).error(500, gate=gate).reply("free")
+
+    held = [asyncio.create_task(complete(llm)) for _ in range(2)]
+    await llm.wait_in_flight(2)
+    assert (await complete(llm)).choices[0].message.content == "free"
+    gate.release()
+    tool, error = await asyncio.gather(*held, return_exceptions=True)
+    assert not isinstance(tool, BaseException) and tool.choices[0].message.tool_calls
+    assert isinstance(error, litellm.InternalServerError)
+
+
+async def test_stop_ends_held_requests_at_once() -> None:
+    server = ScriptedLLM()
+    await server.start()
+    server.hold()
+    server.reply("never sent")
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(
+            session.post(f"{server.base_url}/chat/completions", json={"model": "m"}))
+        await server.wait_in_flight(1)
+        async with asyncio.timeout(10):  # a safety cap: stop wakes the held handler
+            await server.stop()
+            response = await request
+        assert response.status == 503
+        response.release()
 
 
 async def test_unexpected_call_is_an_error_and_recorded(llm: ScriptedLLM) -> None:
@@ -296,7 +357,7 @@ async def test_wait_for_requests_wakes_on_arrival(llm: ScriptedLLM) -> None:
     release.set()
     assert (await task).choices[0].message.content == "released"
     with pytest.raises(TimeoutError, match="expected 2 request"):
-        await llm.wait_for_requests(2, timeout=0.05)
+        await llm.wait_for_requests(2, timeout=0.05)  # the message on a hung test
 
 
 async def test_many_concurrent_requests(llm: ScriptedLLM) -> None:

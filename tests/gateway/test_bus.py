@@ -21,7 +21,7 @@ async def test_publish_waits_when_full() -> None:
     await asyncio.sleep(0)
     assert not second.done()  # back-pressure: the producer waits
     assert (await bus.consume_inbound()).text == "a"
-    await asyncio.wait_for(second, 1)
+    await asyncio.wait_for(second, 10)
     assert (await bus.consume_inbound()).text == "b"
 
 
@@ -40,7 +40,7 @@ async def test_outbound_join() -> None:
     joined = asyncio.create_task(bus.join_outbound())
     await bus.consume_outbound()
     bus.outbound_done()
-    await asyncio.wait_for(joined, 1)
+    await asyncio.wait_for(joined, 10)
 
 
 def test_events_are_frozen_and_keyed() -> None:
