@@ -32,6 +32,8 @@ from gateway.kernel.config import ExecSandboxConfig, ExecToolConfig, ToolsConfig
 from tests.agent.tools.conftest import Exec, exec_with, make_ctx, real_sandbox
 
 _SEQ = itertools.count()
+SETTLE_LOOKS = 1000
+"""How many times (10 ms apart) ``settled`` looks before it answers anyway."""
 
 
 def marker() -> str:
@@ -40,18 +42,32 @@ def marker() -> str:
 
 
 def survivors(*marks: str) -> list[str]:
-    """Command lines of host processes carrying one of the markers."""
+    """Command lines of live host processes carrying one of the markers (a zombie, or a process
+    in the middle of being killed, has no command line left and is not counted)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+        except (OSError, IndexError):
             continue
-        if any(m in cmdline for m in marks):
+        if state not in ("Z", "X") and any(m in cmdline for m in marks):
             found.append(f"{entry.name}: {cmdline}")
     return found
+
+
+async def settled(*marks: str, present: bool = False) -> list[str]:
+    """``survivors(*marks)`` once the host's process table agrees with ``present``: a process
+    being reaped, or one in the middle of ``exec``, shows for an instant. The wait is a safety
+    cap only: a process that really survives (or never starts) fails the test after it."""
+    for _ in range(SETTLE_LOOKS):
+        left = survivors(*marks)
+        if bool(left) is present:
+            return left
+        await asyncio.sleep(0.01)
+    return survivors(*marks)
 
 
 def started(name: str, mark: str) -> str:
@@ -171,7 +187,7 @@ async def test_nothing_the_command_starts_outlives_it(run: Exec, ws: Path) -> No
                "do :; done; echo started")
     text, _ = await run(make_ctx(ws), command, timeout=20)
     assert text == "started\n[exit code: 0]"
-    assert survivors(a, b, c, d) == []
+    assert await settled(a, b, c, d) == []
 
 
 async def test_the_survivor_check_can_fail(ws: Path) -> None:
@@ -182,7 +198,7 @@ async def test_the_survivor_check_can_fail(ws: Path) -> None:
         make_ctx(ws), f"setsid -f {started('a', mark)} >/dev/null 2>&1; "
                       "until [ -e a.ready ]; do :; done")
     assert text.endswith("[exit code: 0]")
-    left = survivors(mark)
+    left = await settled(mark, present=True)
     try:
         assert len(left) == 1
     finally:
@@ -196,7 +212,7 @@ async def test_timeout_kills_everything(run: Exec, ws: Path) -> None:
                                       f"sleep {c}", timeout=1)
     assert text == "(no output)\n[timed out after 1s; process killed]"
     assert (ws / "a.ready").exists() and (ws / "b.ready").exists()
-    assert survivors(a, b, c) == []
+    assert await settled(a, b, c) == []
 
 
 async def test_a_cancelled_turn_kills_everything(run: Exec, ws: Path) -> None:
@@ -218,7 +234,7 @@ async def test_a_cancelled_turn_kills_everything(run: Exec, ws: Path) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert survivors(a, b) == []
+    assert await settled(a, b) == []
 
 
 FORK_LOOP = """python3 -c '
@@ -243,7 +259,7 @@ async def test_a_fork_loop_stops_at_the_process_limit(ws: Path) -> None:
     match = re.search(r"forked (\d+) 11\b", text)  # EAGAIN
     assert match, text
     assert 8 <= int(match.group(1)) < 16
-    assert survivors(mark) == []
+    assert await settled(mark) == []
 
 
 async def test_a_shell_fork_bomb_is_contained(ws: Path) -> None:
@@ -253,7 +269,7 @@ async def test_a_shell_fork_bomb_is_contained(ws: Path) -> None:
     text, err = await exec_with(await real_sandbox(processes=16))(make_ctx(ws), command,
                                                                    timeout=20)
     assert not err and "fork" in text.lower()
-    assert survivors(name) == []
+    assert await settled(name) == []
 
 
 async def test_a_memory_hog_gets_no_memory(run: Exec, ws: Path) -> None:
@@ -380,4 +396,4 @@ async def test_an_ordinary_user_is_held_by_rlimit_in_its_user_namespace(
             (space / "release").touch()
         for p in procs:
             await asyncio.wait_for(p.wait(), 20)
-    assert survivors(mark) == []
+    assert await settled(mark) == []
