@@ -66,13 +66,15 @@ class ContextAssembly:
         return self.builder.policy.audience(msg)
 
     def build(self, msg: InboundMessage, history: list[StoredMessage],
-              compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
+              compaction: Compaction | None, *, turn_id: str, model: str | None = None,
+              chat_prompt: str | None = None) -> BuiltContext:
         audience = self.audience(msg)
         return self.builder.build(
             inbound=msg, history=history,
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
             tools_tokens=self._schema_tokens(audience.tools), session_key=msg.session_key,
-            turn_id=turn_id, compaction=compaction, audience=audience)
+            turn_id=turn_id, compaction=compaction, audience=audience, model=model,
+            chat_prompt=chat_prompt)
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""

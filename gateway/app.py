@@ -107,7 +107,8 @@ class Gateway:
                                        self.config.agent.tools, memory=self.config.agent.memory,
                                        timezone=self.config.agent.timezone,
                                        exec_access=self.exec_access),
-                                   hints=self.manager.hints, services=self._services)
+                                   hints=self.manager.hints, services=self._services,
+                                   clock=self.clock)
             await self._start_agent_tools(self.store, self.agent)
             # Unanswered messages from the last run go first, ahead of anything new.
             system = [CRON_CHANNEL, HEARTBEAT_CHANNEL] if self._configured else []
@@ -266,6 +267,8 @@ class Gateway:
             "queued_messages": agent.queued if agent else 0,
             "inbound_queue": self.bus.inbound_size,
             "turns_done": agent.turns_done if agent else 0,
+            "usage_today": agent.ledger.today() if agent else None,
+            "limited_messages": agent.stats.limited if agent else 0,
             "delivered": self.manager.delivered,
             "outbox_pending": self.manager.pending(),
             "dead_letters": self._dead_before + self.manager.failed,

@@ -65,6 +65,22 @@ class LLMCallRecord:
     completion_tokens: int
     latency_ms: float
     attempts: int
+    cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTags:
+    """Whose a turn's model calls are, for the usage ledger (``llm_calls``)."""
+
+    person: str
+    """``channel:sender_id``"""
+    chat: str
+    """``channel:chat_id``"""
+    trust: str
+    at: datetime
+    """When, by the gateway's clock."""
+    day: str
+    """``YYYY-MM-DD`` in ``agent.timezone``: the period of daily limits and totals."""
 
 
 def content_text(content: Any) -> str:
@@ -197,7 +213,8 @@ class SessionTables(Database):
                         snapshot: dict[str, Any] | None = None,
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
-                        outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+                        outbound: list[tuple[OutboundMessage, datetime]] | None = None,
+                        usage: UsageTags | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
         it answered (marked done), and its replies (into the outbox, to be delivered)."""
         now = iso()
@@ -205,8 +222,11 @@ class SessionTables(Database):
         outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
         message_rows = [(session_id, turn_id, m.body["role"], dump_json(m.body), m.tokens, now)
                         for m in messages]
+        tags = (usage.person, usage.chat, usage.trust, iso(usage.at), usage.day) if usage \
+            else (None, None, None, now, None)
         call_rows = [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
-                      c.attempts, now) for c in calls or ()]
+                      c.attempts, tags[3], session_id, *tags[:3], c.cost, tags[4])
+                     for c in calls or ()]
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
                         SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
@@ -224,7 +244,8 @@ class SessionTables(Database):
                 (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
             db.executemany(
                 "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
-                "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", call_rows)
+                "latency_ms, attempts, created_at, session_id, person, chat, trust, cost, day) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", call_rows)
             if snapshot_row is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
