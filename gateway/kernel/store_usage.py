@@ -55,7 +55,8 @@ class UsageTables(Database):
                        chat: str | None = None, since_day: str | None = None) -> list[UsageRow]:
         """Totals grouped by ``by``, the largest cost (then tokens) first; a day by date."""
         where, params = _where(person, chat, since_day, None)
-        order = "key" if by == "day" else "5 DESC, 3 + 4 DESC"
+        order = "key" if by == "day" else \
+            "SUM(cost) DESC, SUM(prompt_tokens + completion_tokens) DESC, key"
         rows = await self._fetchall(
             f"SELECT COALESCE({by}, '(unknown)') AS key, {_SUMS} FROM llm_calls{where} "
             f"GROUP BY key ORDER BY {order}", params)
