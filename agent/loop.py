@@ -73,7 +73,8 @@ class AgentLoop:
         self.compaction = SessionCompaction(
             config=config, store=store, provider=provider, registry=registry,
             assembly=self.assembly, compactor=Compactor(provider, store, self.counter,
-                                                        config.agent.context.compaction))
+                                                        config.agent.context.compaction),
+            ledger=self.ledger)
         self.turns = TurnFlow(
             config=config, bus=bus, store=store, recorder=self.recorder,
             runner=Runner(provider, registry, max_iterations=config.agent.max_iterations,

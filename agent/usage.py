@@ -117,6 +117,16 @@ class Ledger:
         return [LLMCallRecord(r.model, r.prompt_tokens, r.completion_tokens, r.latency_ms,
                               r.attempts, self.prices.cost(r)) for r in responses]
 
+    async def record(self, session_id: int, turn_id: str, msg: InboundMessage,
+                     responses: list[LLMResponse]) -> None:
+        """Model calls outside a turn's own record (a compaction's summary, its memory
+        flush): written on their own, counted as ``msg``'s sender's."""
+        tags = self.tags(msg)
+        calls = self.calls(responses)
+        await self.store.save_calls(session_id=session_id, turn_id=turn_id, calls=calls,
+                                    usage=tags)
+        self.recorded(tags, calls)
+
     def recorded(self, tags: UsageTags, calls: list[LLMCallRecord]) -> None:
         """A turn's calls are in the ledger: the tallies of its scopes grow."""
         if not calls:

@@ -170,7 +170,8 @@ class Gateway:
             self.mcp.attach(agent.registry)
         if self.config.agent.tools.spawn.enabled:
             self.subagents = SubagentManager(config=self.config, provider=self.provider,
-                                             registry=agent.registry, bus=self.bus, store=store)
+                                             registry=agent.registry, bus=self.bus, store=store,
+                                             ledger=agent.ledger)
 
     def _services(self, msg: InboundMessage) -> TurnServices:
         """What one turn's tools may use: delivery now (message tool), the jobs (cron) and

@@ -222,3 +222,18 @@ async def test_owner_is_not_capped_by_overall_limits_unless_configured(
         llm.reply("once")
         assert await gw.local.ask("o", "q") == "once"
         assert "a minute" in await gw.local.ask("o", "q again")
+
+
+async def test_a_compactions_model_call_is_in_the_ledger(make_config: MakeConfig,
+                                                         llm: ScriptedLLM) -> None:
+    config = make_config(agent={"context": {"compaction": {"memory_flush": False}}})
+    async with Gateway(config, grace=2.0, clock=FakeClock()) as gw:
+        for i in range(3):
+            llm.reply(f"reply {i}", usage={"prompt_tokens": 10, "completion_tokens": 1})
+            await gw.local.ask("c1", f"number {i}", sender_id="ada")
+        llm.reply("SUMMARY: numbers.", usage={"prompt_tokens": 400, "completion_tokens": 50})
+        assert (await gw.local.ask("c1", "/compact", sender_id="ada")).startswith("Compacted")
+        assert gw.store is not None
+        ada = await gw.store.usage_total(person="local:ada")
+        assert (ada.calls, ada.prompt_tokens, ada.completion_tokens) == (4, 430, 53)
+        assert gw.health()["usage_today"]["tokens"] == 483
