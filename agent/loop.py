@@ -36,7 +36,7 @@ from agent.sessions import SessionRecorder
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnServices
 from agent.turn_flow import TurnFlow, TurnStats
-from agent.usage import ALL, Ledger
+from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
@@ -95,7 +95,7 @@ class AgentLoop:
 
     async def start(self) -> None:
         await self.models.load()
-        await self.ledger.tally(ALL)  # today's totals, for the health endpoint
+        await self.ledger.load()  # the totals the health endpoint shows
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
 
     async def recover(self, channels: list[str]) -> int:

@@ -2,7 +2,8 @@
 
 A conversation (its session key) uses the alias chosen with ``/model <alias>``
 (``agent.models.aliases``), kept in the database so a restart keeps it; else its chat's default
-(``agent.chats["channel:chat_id"].model``), else its channel's (``agent.chats["channel"]``),
+(``agent.chats["channel:chat_id"].model``), else its server's
+(``agent.chats["discord:server:<guild_id>"]``), else its channel's (``agent.chats["channel"]``),
 else ``agent.model``. ``/model default`` forgets the choice. Which trust levels may switch is
 ``agent.models.switch``. A chat's ``prompt`` is added to the system prompt the same way.
 
@@ -32,7 +33,9 @@ class ModelChoice:
         if not chats:
             return None
         channel, chat_id = msg.deliver_to or (msg.channel, msg.chat_id)
-        return chats.get(f"{channel}:{chat_id}") or chats.get(channel)
+        server = msg.server_id if msg.deliver_to is None else None
+        return chats.get(f"{channel}:{chat_id}") or (
+            chats.get(f"{channel}:server:{server}") if server else None) or chats.get(channel)
 
     def default_alias(self, msg: InboundMessage) -> str | None:
         chat = self._chat(msg)

@@ -98,6 +98,14 @@ class Ledger:
         self.tz = ZoneInfo(timezone)
         self.prices = Prices(config)
         self._tallies: dict[str, Tally] = {}
+        self._total = [0, 0, 0.0]
+        """Every call in the ledger: calls, tokens, cost (read at start, then counted)."""
+
+    async def load(self) -> None:
+        """Today's and all-time totals from the ledger, for ``/v1/health`` (once, at start)."""
+        await self.tally(ALL)
+        total = await self.store.usage_total()
+        self._total = [total.calls, total.tokens, total.cost]
 
     # periods ------------------------------------------------------------------------------
 
@@ -134,6 +142,9 @@ class Ledger:
         minute, day = self.periods()
         tokens = sum(c.prompt_tokens + c.completion_tokens for c in calls)
         cost = sum(c.cost for c in calls)
+        self._total[0] += len(calls)
+        self._total[1] += tokens
+        self._total[2] += cost
         for scope in (f"person:{tags.person}", f"chat:{tags.chat}", ALL):
             tally = self._tallies.get(scope)
             if tally is None:  # not read yet: the ledger row counts when it is
@@ -173,12 +184,15 @@ class Ledger:
                 tally.roll(minute, day)
                 tally.turns += 1
 
-    def today(self) -> dict[str, object]:
-        """Everyone's usage today, for ``/v1/health`` (no I/O: what the tallies hold)."""
+    def totals(self) -> dict[str, dict[str, object]]:
+        """Everyone's usage today and in all, for ``/v1/health`` (no I/O: what the tallies
+        hold)."""
         tally = self._tallies.get(ALL)
         minute, day = self.periods()
         if tally is not None:
             tally.roll(minute, day)
-        return {"day": day, "calls": tally.calls if tally else 0,
-                "tokens": tally.tokens if tally else 0,
-                "cost": round(tally.cost, 6) if tally else 0.0}
+        calls, tokens, cost = self._total
+        return {"today": {"day": day, "calls": tally.calls if tally else 0,
+                          "tokens": tally.tokens if tally else 0,
+                          "cost": round(tally.cost, 6) if tally else 0.0},
+                "all": {"calls": calls, "tokens": tokens, "cost": round(float(cost), 6)}}

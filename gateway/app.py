@@ -268,7 +268,7 @@ class Gateway:
             "queued_messages": agent.queued if agent else 0,
             "inbound_queue": self.bus.inbound_size,
             "turns_done": agent.turns_done if agent else 0,
-            "usage_today": agent.ledger.today() if agent else None,
+            "usage": agent.ledger.totals() if agent else None,
             "limited_messages": agent.stats.limited if agent else 0,
             "delivered": self.manager.delivered,
             "outbox_pending": self.manager.pending(),

@@ -275,8 +275,9 @@ class AgentConfig(Section):
     limits: LimitsConfig = LimitsConfig()
     models: ModelsConfig = ModelsConfig()
     chats: dict[str, ChatDefaults] = Field(default_factory=dict)
-    """``channel:chat_id`` (one chat) or ``channel`` (all its chats) → the default model
-    alias and a system-prompt addition; a chat's own entry wins over its channel's."""
+    """``channel:chat_id`` (one chat), ``channel:server:<id>`` (a Discord server's chats) or
+    ``channel`` (all its chats) → the default model alias and a system-prompt addition; the
+    chat's own entry wins, then its server's, then its channel's."""
 
     @model_validator(mode="after")
     def _chat_models(self) -> AgentConfig:

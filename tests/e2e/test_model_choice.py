@@ -9,6 +9,8 @@ from typing import Any
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
+from tests.e2e.test_discord import ADA_ID, GENERAL_ID, GUILD_ID, OTHER_ID, discord_config
+from tests.fakes.discord_server import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
 
 
@@ -113,3 +115,36 @@ def test_a_chat_default_must_name_an_alias(make_config: MakeConfig) -> None:
     with pytest.raises((ConfigError, ValueError)) as caught:
         make_config(agent={"chats": {"local:x": {"model": "nope"}}})
     assert "chats.local:x.model" in str(caught.value) and "nope" in str(caught.value)
+
+
+async def test_a_discord_server_has_its_own_default(make_config: MakeConfig, llm: ScriptedLLM,
+                                                    dc: FakeDiscord) -> None:
+    """A server's entry holds for each of its channels; a channel's own entry wins; a direct
+    message takes the channel-wide one."""
+    guild = dc.guild(GUILD_ID, "Open house")
+    general = dc.text_channel(guild, GENERAL_ID, "general")
+    other = dc.text_channel(guild, OTHER_ID, "other")
+    ada = dc.user(ADA_ID, "ada")
+    server = {"api_base": llm.base_url, "api_key": "sk-test"}
+    cfg = discord_config(make_config, dc, agent={
+        "models": {"aliases": {"smart": {"model": "openai/smart-model", **server},
+                               "fast": {"model": "openai/fast-model", **server}}},
+        "chats": {f"discord:server:{GUILD_ID}": {"model": "smart", "prompt": "Server rules."},
+                  f"discord:{OTHER_ID}": {"model": "fast"},
+                  "discord": {"prompt": "Discord-wide."}}})
+    async with Gateway(cfg, grace=2.0):
+        llm.reply("in general")
+        dc.post(general, ada, f"<@{BOT_ID}> hi", mentions=(dc.bot,))
+        await dc.wait_sent(GENERAL_ID)
+        assert llm.last_request["model"] == "smart-model"
+        assert llm.last_request["messages"][0]["content"].endswith("Server rules.")
+        llm.reply("in other")
+        dc.post(other, ada, f"<@{BOT_ID}> hi", mentions=(dc.bot,))
+        await dc.wait_sent(OTHER_ID)
+        assert llm.last_request["model"] == "fast-model"
+        llm.reply("direct")
+        dm = dc.dm_channel(ada)
+        dc.post(dm, ada, "hi")
+        await dc.wait_sent(dm["id"])
+        assert llm.last_request["model"] == "test-model"
+        assert llm.last_request["messages"][0]["content"].endswith("Discord-wide.")

@@ -63,12 +63,18 @@ async def test_the_ledger_sums_reported_usage_and_prices_it_like_litellm(
         assert [r.key for r in await store.usage_by("day")] == ["2025-01-06"]
         assert [r.key for r in await store.usage_by("model")] == ["gpt-4o-mini"]
 
-        health = gw.health()["usage_today"]
-        assert health["calls"] == 3 and health["tokens"] == 3107
-        assert abs(health["cost"] - round(expected, 6)) < 1e-9
+        health = gw.health()["usage"]
+        assert health["today"]["calls"] == 3 and health["today"]["tokens"] == 3107
+        assert abs(health["today"]["cost"] - round(expected, 6)) < 1e-9
+        assert health["all"]["tokens"] == 3107
         async with aiohttp.ClientSession() as http, \
                 http.get(f"{gw.local.base_url}/v1/health") as resp:
-            assert (await resp.json())["usage_today"]["tokens"] == 3107
+            assert (await resp.json())["usage"]["today"]["tokens"] == 3107
+
+    clock.advance(24 * 3600)  # the next day, after a restart: today is new, all is kept
+    async with Gateway(make_config(agent={"model": PRICED}), grace=2.0, clock=clock) as gw:
+        health = gw.health()["usage"]
+        assert health["today"]["tokens"] == 0 and health["all"]["tokens"] == 3107
 
 
 async def test_a_model_unknown_to_the_price_map_costs_what_config_says(
@@ -236,4 +242,4 @@ async def test_a_compactions_model_call_is_in_the_ledger(make_config: MakeConfig
         assert gw.store is not None
         ada = await gw.store.usage_total(person="local:ada")
         assert (ada.calls, ada.prompt_tokens, ada.completion_tokens) == (4, 430, 53)
-        assert gw.health()["usage_today"]["tokens"] == 483
+        assert gw.health()["usage"]["today"]["tokens"] == 483
