@@ -58,13 +58,15 @@ async def _new(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
 async def _status(msg: InboundMessage, store: Store, info: CommandInfo) -> str:
     session = await store.active_session(msg.session_key)
     calls, tokens_in, tokens_out = await store.usage(session.id)
+    cost = (await store.usage_total(session_id=session.id)).cost
     last = f"{session.last_context_tokens:,}" if session.last_context_tokens else "none yet"
     return "\n".join([
         f"Model: {info.model}",
         f"Session: {session.key} (#{session.id})",
         f"Messages: {session.message_count}",
         f"Last context: {last} tokens",
-        f"Usage: {calls} model call(s), {tokens_in:,} tokens in, {tokens_out:,} out",
+        f"Usage: {calls} model call(s), {tokens_in:,} tokens in, {tokens_out:,} out, "
+        f"cost {cost:.4f}",
         f"Waiting messages: {info.queued}",
         f"Your trust level: {msg.trust}",
         f"Tools: {', '.join(info.tools) or 'none'}",

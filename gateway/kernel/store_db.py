@@ -148,7 +148,6 @@ _LEDGER_COLUMNS = {"session_id": "INTEGER", "person": "TEXT", "chat": "TEXT", "t
                    "cost": "REAL NOT NULL DEFAULT 0", "day": "TEXT"}
 _LEDGER_INDEXES = """
 CREATE INDEX IF NOT EXISTS llm_calls_person_day ON llm_calls(person, day);
-CREATE INDEX IF NOT EXISTS llm_calls_day ON llm_calls(day);
 """
 
 

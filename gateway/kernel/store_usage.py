@@ -12,7 +12,9 @@ from typing import Literal
 
 from gateway.kernel.store_db import Database, iso
 
-UsageBy = Literal["person", "chat", "model", "day"]
+UsageBy = Literal["person", "chat", "model", "day", "session", "turn"]
+_GROUP = {"person": "person", "chat": "chat", "model": "model", "day": "day",
+          "session": "session_id", "turn": "turn_id"}
 Scope = Literal["person", "chat"]
 
 
@@ -34,10 +36,13 @@ _SUMS = ("COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tok
 
 
 def _where(person: str | None, chat: str | None, since_day: str | None,
-           day: str | None) -> tuple[str, tuple[str, ...]]:
-    parts, params = [], []
+           day: str | None, session_id: int | None = None
+           ) -> tuple[str, tuple[str | int, ...]]:
+    parts: list[str] = []
+    params: list[str | int] = []
     for column, value, op in (("person", person, "="), ("chat", chat, "="),
-                              ("day", since_day, ">="), ("day", day, "=")):
+                              ("day", since_day, ">="), ("day", day, "="),
+                              ("session_id", session_id, "=")):
         if value is not None:
             parts.append(f"{column} {op} ?")
             params.append(value)
@@ -46,8 +51,9 @@ def _where(person: str | None, chat: str | None, since_day: str | None,
 
 class UsageTables(Database):
     async def usage_total(self, *, person: str | None = None, chat: str | None = None,
-                          since_day: str | None = None, day: str | None = None) -> UsageRow:
-        where, params = _where(person, chat, since_day, day)
+                          since_day: str | None = None, day: str | None = None,
+                          session_id: int | None = None) -> UsageRow:
+        where, params = _where(person, chat, since_day, day, session_id)
         row = await self._fetchone(f"SELECT {_SUMS} FROM llm_calls{where}", params)
         return UsageRow("total", int(row[0]), int(row[1]), int(row[2]), float(row[3]))
 
@@ -55,10 +61,10 @@ class UsageTables(Database):
                        chat: str | None = None, since_day: str | None = None) -> list[UsageRow]:
         """Totals grouped by ``by``, the largest cost (then tokens) first; a day by date."""
         where, params = _where(person, chat, since_day, None)
-        order = "key" if by == "day" else \
+        order = "MIN(id)" if by == "turn" else "key" if by == "day" else \
             "SUM(cost) DESC, SUM(prompt_tokens + completion_tokens) DESC, key"
         rows = await self._fetchall(
-            f"SELECT COALESCE({by}, '(unknown)') AS key, {_SUMS} FROM llm_calls{where} "
+            f"SELECT COALESCE({_GROUP[by]}, '(unknown)') AS key, {_SUMS} FROM llm_calls{where} "
             f"GROUP BY key ORDER BY {order}", params)
         return [UsageRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]))
                 for r in rows]

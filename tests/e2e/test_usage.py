@@ -62,6 +62,13 @@ async def test_the_ledger_sums_reported_usage_and_prices_it_like_litellm(
         assert {r.key for r in await store.usage_by("chat")} == {"local:c1", "local:c2"}
         assert [r.key for r in await store.usage_by("day")] == ["2025-01-06"]
         assert [r.key for r in await store.usage_by("model")] == ["gpt-4o-mini"]
+        turns = await store.usage_by("turn")
+        assert [r.calls for r in turns] == [2, 1]  # per turn: the tool round and its answer
+        session = await store.active_session("local:c2")
+        assert [r.key for r in await store.usage_by("session")] == sorted(
+            {str(session.id), str((await store.active_session("local:c1")).id)})
+        status = await gw.local.ask("c2", "/status", sender_id="bob", trust="member")
+        assert f"cost {litellm_cost(PRICED, 500, 7):.4f}" in status
 
         health = gw.health()["usage"]
         assert health["today"]["calls"] == 3 and health["today"]["tokens"] == 3107
