@@ -69,7 +69,8 @@ class AgentLoop:
         self.replies = Replies(store, bus)
         self.stats = TurnStats()
         self.assembly = ContextAssembly(config=config, store=store, provider=provider,
-                                        registry=registry, counter=self.counter, hints=hints)
+                                        registry=registry, counter=self.counter, hints=hints,
+                                        models=self.models)
         self.compaction = SessionCompaction(
             config=config, store=store, provider=provider, registry=registry,
             assembly=self.assembly, compactor=Compactor(provider, store, self.counter,

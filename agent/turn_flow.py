@@ -193,7 +193,8 @@ class TurnFlow:
     async def _build_context(self, turn: _Turn) -> None:
         """The stored history built into messages; compacted first when it no longer fits."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
-        built = self._assemble(turn, history)
+        built = self.assembly.build(turn.msg, history, turn.compaction,
+                                    turn_id=turn.ctx.turn_id)
         if self.compaction.enabled and (built.dropped_turns or more):
             if await self._compact_before(turn):
                 built = await self._rebuild(turn)
@@ -267,14 +268,7 @@ class TurnFlow:
     async def _rebuild(self, turn: _Turn) -> BuiltContext:
         """The context again, after a compaction."""
         history, _ = await self.assembly.history(turn.ctx.session_id, turn.compaction)
-        return self._assemble(turn, history)
-
-    def _assemble(self, turn: _Turn, history: list[Any]) -> BuiltContext:
-        models = self.models
-        return self.assembly.build(
-            turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id,
-            model=models.model_name(turn.ctx.model) if models is not None else None,
-            chat_prompt=models.prompt(turn.msg) if models is not None else None)
+        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id)
 
     def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
         """A fresh try at the model with ``built``: its record and its hooks."""
