@@ -67,10 +67,8 @@ class Limits:
         self.ledger = ledger
         self.store = store
         self._noticed: set[tuple[str, str]] = set()
-
-    @property
-    def enabled(self) -> bool:
-        return self.config.any
+        self.enabled = config.any
+        """Any limit set at all: else no turn is checked."""
 
     def applicable(self, msg: InboundMessage) -> list[tuple[str, LimitSet]]:
         """The scopes whose limits hold for ``msg``, with those limits."""

@@ -149,7 +149,8 @@ class TurnFlow:
         """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
         and messages that arrive meanwhile come from. A sender over a limit
         (``agent/limits.py``) gets no turn: the model is not asked."""
-        if self.limits is not None and (verdict := await self.limits.check(work.msg)):
+        limits = self.limits
+        if limits is not None and limits.enabled and (verdict := await limits.check(work.msg)):
             await self._refuse(work, verdict)
             return
         turn = await self._prepare(work, lane)
