@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.context import BuiltContext, ContextBuilder
+from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
 from agent.tools.base import ToolRegistry
@@ -25,13 +26,16 @@ from gateway.kernel.values import ChannelHints
 class ContextAssembly:
     def __init__(self, *, config: Config, store: Store, provider: Provider,
                  registry: ToolRegistry, counter: TokenCounter,
-                 hints: Callable[[str], ChannelHints]) -> None:
+                 hints: Callable[[str], ChannelHints],
+                 models: ModelChoice | None = None) -> None:
+        """``models``: the model each conversation uses and its chat's own prompt."""
         self.config = config
         self.store = store
         self.provider = provider
         self.registry = registry
         self.counter = counter
         self.hints = hints
+        self.models = models
         self._builder: ContextBuilder | None = None
         self._tools_tokens: dict[ToolFilter, tuple[list[dict[str, Any]], int]] = {}
 
@@ -68,11 +72,15 @@ class ContextAssembly:
     def build(self, msg: InboundMessage, history: list[StoredMessage],
               compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
         audience = self.audience(msg)
+        models = self.models
+        model = models.model_name(models.alias(msg)) if models is not None else None
+        chat_prompt = models.prompt(msg) if models is not None else None
         return self.builder.build(
             inbound=msg, history=history,
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
             tools_tokens=self._schema_tokens(audience.tools), session_key=msg.session_key,
-            turn_id=turn_id, compaction=compaction, audience=audience)
+            turn_id=turn_id, compaction=compaction, audience=audience, model=model,
+            chat_prompt=chat_prompt)
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""

@@ -18,10 +18,12 @@ from agent.assembly import ContextAssembly
 from agent.commands import parse_command
 from agent.compaction import FLUSH_PROMPT, CompactionFailed, Compactor, split_history
 from agent.errors import ProviderError
+from agent.llm_types import LLMResponse
 from agent.provider import Provider
-from agent.runner import Runner
+from agent.runner import Runner, Transcript
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
+from agent.usage import Ledger
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Compaction, Store, StoredMessage
@@ -37,7 +39,8 @@ COMPACTION_READ_LIMIT = 5000
 class SessionCompaction:
     def __init__(self, *, config: Config, store: Store, provider: Provider,
                  registry: ToolRegistry, assembly: ContextAssembly,
-                 compactor: Compactor) -> None:
+                 compactor: Compactor, ledger: Ledger | None = None) -> None:
+        """``ledger``: where the summary's and the memory flush's model calls are counted."""
         self.config = config
         self.settings = config.agent.context.compaction
         self.store = store
@@ -45,6 +48,7 @@ class SessionCompaction:
         self.registry = registry
         self.assembly = assembly
         self.compactor = compactor
+        self.ledger = ledger
 
     @property
     def enabled(self) -> bool:
@@ -97,12 +101,18 @@ class SessionCompaction:
                               keep_messages=keep_messages)
         if not split.old:
             raise CompactionFailed("nothing to compact yet")
-        if self.settings.memory_flush:
-            await self._flush_memory(ctx, previous, split.old)
-        return await self.compactor.compact(ctx.session_id, split, previous, focus)
+        spent: list[LLMResponse] = []
+        try:
+            if self.settings.memory_flush:
+                await self._flush_memory(ctx, previous, split.old, spent)
+            return await self.compactor.compact(ctx.session_id, split, previous, focus, spent)
+        finally:
+            if self.ledger is not None and spent:
+                await asyncio.shield(self.ledger.record(ctx.session_id, ctx.turn_id,
+                                                        ctx.message, spent))
 
     async def _flush_memory(self, ctx: TurnContext, previous: Compaction | None,
-                            old: list[StoredMessage]) -> None:
+                            old: list[StoredMessage], spent: list[LLMResponse]) -> None:
         """A silent turn: the agent may save lasting facts before they are summarised.
         Nothing of it is stored in the conversation or delivered."""
         memory = self.registry.get("memory")
@@ -122,7 +132,11 @@ class SessionCompaction:
         messages.append({"role": "user", "content": FLUSH_PROMPT})
         flusher = Runner(self.provider, ToolRegistry([memory]), max_iterations=4,
                          max_result_chars=self.config.agent.tools.max_result_chars)
+        transcript = Transcript()
         try:
-            await asyncio.wait_for(flusher.run(messages=messages, ctx=ctx), self.settings.timeout)
+            await asyncio.wait_for(flusher.run(messages=messages, ctx=ctx, hooks=transcript),
+                                   self.settings.timeout)
         except (TimeoutError, ProviderError) as exc:
             _log.warning("memory flush before compaction skipped: %s", exc)
+        finally:
+            spent.extend(transcript.so_far.responses)

@@ -16,6 +16,7 @@ from typing import Any
 from agent.budget import TokenCounter
 from agent.context import history_groups
 from agent.errors import ProviderError
+from agent.llm_types import LLMResponse
 from agent.provider import Provider
 from gateway.kernel.config import CompactionConfig
 from gateway.kernel.store import Compaction, Store, StoredMessage, content_text
@@ -103,7 +104,9 @@ class Compactor:
         self.config = config
 
     async def summarise(self, previous: Compaction | None, old: list[StoredMessage],
-                        focus: str | None = None) -> str:
+                        focus: str | None = None,
+                        spent: list[LLMResponse] | None = None) -> str:
+        """``spent`` gets the model's answer (for the usage ledger)."""
         system = SUMMARY_PROMPT.format(max_words=int(self.config.summary_max_tokens * 0.7))
         if focus:
             system += f"\nPay particular attention to: {focus}"
@@ -118,6 +121,8 @@ class Compactor:
             raise CompactionFailed(f"the summary took over {self.config.timeout:.0f}s") from exc
         except ProviderError as exc:
             raise CompactionFailed(str(exc)) from exc
+        if spent is not None:
+            spent.append(response)
         summary = (response.content or "").strip()
         if not summary:
             raise CompactionFailed("the model returned an empty summary")
@@ -133,11 +138,12 @@ class Compactor:
         return self.counter.encoding.decode(tokens[:cap]).rstrip() + " […]"
 
     async def compact(self, session_id: int, split: Split, previous: Compaction | None,
-                      focus: str | None = None) -> Compaction:
+                      focus: str | None = None,
+                      spent: list[LLMResponse] | None = None) -> Compaction:
         """Summarise ``split.old`` (with the previous summary) and store the entry."""
         if not split.old:
             raise CompactionFailed("nothing to compact")
-        summary = await self.summarise(previous, split.old, focus)
+        summary = await self.summarise(previous, split.old, focus, spent)
         first_kept = split.first_kept_id if split.first_kept_id is not None \
             else split.old[-1].id + 1
         tokens_before = sum(m.tokens for m in split.old) + (

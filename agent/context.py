@@ -110,6 +110,8 @@ class ContextBuilder:
         self.memory_enabled = memory.enabled
         self._system_cache: dict[tuple[bool, bool], tuple[Any, SystemPrompt]] = {}
         self._summary_tokens: dict[int, int] = {}
+        self._chat_prompts: dict[tuple[str, str], tuple[SystemPrompt, SystemPrompt]] = {}
+        """A chat's prompt → (the system prompt it was added to, the result)."""
         """Compaction id → its summary message's tokens: counted once, not every turn."""
 
     # system ------------------------------------------------------------------------------
@@ -121,7 +123,6 @@ class ContextBuilder:
             "channels, and your replies go back to the chat they came from.",
             f"- OS: {platform.system()} {platform.machine()}",
             f"- Python: {platform.python_version()}",
-            f"- Model: {self.config.agent.model}",
             f"- Workspace: {self.workspace} (file tools and commands work here)",
         ])
 
@@ -177,6 +178,20 @@ class ContextBuilder:
         return SystemPrompt(text=text, layers=layers, tokens=self.counter.count_text(text) + 4,
                             notes=notes, skills=len(skills))
 
+    def _with_chat_prompt(self, system: SystemPrompt, text: str) -> SystemPrompt:
+        """``system`` with a chat's own addition as its last layer (counted once per text)."""
+        key = ("chat", text)
+        cached = self._chat_prompts.get(key)
+        if cached is None or cached[0] is not system:
+            layer = Layer("chat_prompt", f"# This chat\n{text}",
+                          self.counter.count_text(f"# This chat\n{text}"))
+            joined = system.text + LAYER_SEPARATOR + layer.text
+            cached = self._chat_prompts[key] = (system, SystemPrompt(
+                text=joined, layers=(*system.layers, layer),
+                tokens=self.counter.count_text(joined) + 4, notes=system.notes,
+                skills=system.skills))
+        return cached[1]
+
     # runtime and user ---------------------------------------------------------------------
 
     def recall(self, inbound: InboundMessage, audience: Audience | None = None) -> str | None:
@@ -188,7 +203,9 @@ class ContextBuilder:
         return recall_block(stores, inbound.text, counter=self.counter)
 
     def runtime_block(self, inbound: InboundMessage, hints: ChannelHints,
-                      recall: str | None = None) -> str:
+                      recall: str | None = None, model: str | None = None) -> str:
+        """``model``: the one this turn asks (a conversation's ``/model``), else the
+        default."""
         local = inbound.received_at.astimezone(self.tz)
         sender = inbound.sender_name or inbound.sender_id
         if inbound.sender_name:
@@ -205,6 +222,7 @@ class ContextBuilder:
             lines.append(f"Thread: {inbound.thread_id}")
         lines.append(f"Sender: {sender}")
         lines.append(f"Sender trust: {inbound.trust}")
+        lines.append(f"Model: {model or self.config.agent.model}")
         if inbound.chat_type == "group":
             lines.append(f"Mentioned: {'yes' if inbound.mentioned else 'no'}")
         if inbound.kind != "user":
@@ -316,17 +334,23 @@ class ContextBuilder:
     def build(self, *, inbound: InboundMessage, history: list[StoredMessage],
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
               turn_id: str = "", compaction: Compaction | None = None,
-              recall: str | None | bool = True, audience: Audience | None = None
-              ) -> BuiltContext:
+              recall: str | None | bool = True, audience: Audience | None = None,
+              model: str | None = None, chat_prompt: str | None = None) -> BuiltContext:
         """``history`` is what was stored after ``compaction`` (if any), oldest first.
         ``recall``: True to search memory now; a replay passes the text the turn recalled
         (memory may have changed since). ``audience``: the sender's (from the policy when
-        not given)."""
+        not given). ``model``: the model this turn asks (named in the runtime block and the
+        snapshot); ``chat_prompt``: the chat's own addition to the system prompt
+        (``agent.chats``)."""
         audience = audience or self.policy.audience(inbound)
         system = self.system_prompt(heartbeat=inbound.kind == "heartbeat",
                                     owner_files=audience.owner_files)
+        if chat_prompt:
+            system = self._with_chat_prompt(system, chat_prompt)
+        model = model or self.config.agent.model
         recalled = self.recall(inbound, audience) if recall is True else (recall or None)
-        runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled)}
+        runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled,
+                                                                     model)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
         summary = [self.summary_message(compaction)] if compaction else []
@@ -346,7 +370,7 @@ class ContextBuilder:
             trimmed.append("over budget even without history: the current input is kept whole")
         snapshot = {
             "session_key": session_key, "turn_id": turn_id, "hash": context_hash(messages),
-            "trust": inbound.trust, "owner_files": audience.owner_files,
+            "trust": inbound.trust, "model": model, "owner_files": audience.owner_files,
             "memory_scopes": [scope.name for scope in audience.recall],
             "total_tokens": total, "max_context_tokens": self.max_context_tokens,
             "layers": {**{layer.name: layer.tokens for layer in system.layers},
@@ -364,7 +388,8 @@ class ContextBuilder:
                        "compaction_id": compaction.id if compaction else None,
                        "hints": {"markup": hints.markup, "max_length": hints.max_length,
                                  "etiquette": hints.etiquette},
-                       "tools_tokens": tools_tokens, "recall": recalled},
+                       "tools_tokens": tools_tokens, "recall": recalled, "model": model,
+                       "chat_prompt": chat_prompt},
         }
         return BuiltContext(messages=messages, user_message=stored,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,

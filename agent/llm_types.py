@@ -44,6 +44,9 @@ class LLMResponse:
     completion_tokens: int
     latency_ms: float
     attempts: int = 1
+    target: str = ""
+    """The configured model name that was called (``model`` is the server's name for it):
+    what the call is priced by."""
 
     def assistant_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}

@@ -3,7 +3,10 @@
     lanes          agent/lanes.py       one lane per busy session, turns concurrent to a limit
     a turn         agent/turn_flow.py   prepare → build context → tool loop → record → deliver
     compaction     agent/compacting.py  before a turn, after an overflow, on /compact
-    commands       agent/commands.py    /help, /status, /new, ... answered without the model
+    commands       agent/commands.py    /help, /status, /new, /usage, /model, ... answered
+                                        without the model
+    usage, limits  agent/usage.py, agent/limits.py   the ledger's tallies; caps before a turn
+    models         agent/model_choice.py            /model per conversation, chat defaults
 
 ``/help``, ``/start``, ``/status`` and ``/stop`` bypass the lanes and are answered at once,
 even while the session is busy; everything else waits its turn in its session's lane.
@@ -23,6 +26,8 @@ from agent.compaction import Compactor
 from agent.context import ContextBuilder
 from agent.errors import AgentError
 from agent.lanes import Lane, Lanes
+from agent.limits import Limits
+from agent.model_choice import ModelChoice
 from agent.provider import Provider
 from agent.queueing import Work
 from agent.replies import Replies
@@ -31,7 +36,9 @@ from agent.sessions import SessionRecorder
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnServices
 from agent.turn_flow import TurnFlow, TurnStats
+from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
 from gateway.kernel.events import ChatActivity, InboundMessage
 from gateway.kernel.store import Store
@@ -44,29 +51,38 @@ _log = logging.getLogger(__name__)
 class AgentLoop:
     def __init__(self, *, config: Config, bus: MessageBus, store: Store, provider: Provider,
                  registry: ToolRegistry, hints: Callable[[str], ChannelHints],
-                 services: Callable[[InboundMessage], TurnServices] | None = None) -> None:
-        """``services`` builds what tools may use beyond the workspace for one turn."""
+                 services: Callable[[InboundMessage], TurnServices] | None = None,
+                 clock: Clock | None = None) -> None:
+        """``services`` builds what tools may use beyond the workspace for one turn;
+        ``clock`` is what the ledger's days and the limits' periods are read from."""
         self.config = config
         self.bus = bus
         self.store = store
         self.provider = provider
         self.registry = registry
         self.counter = TokenCounter(config.agent.model)
-        self.recorder = SessionRecorder(store, self.counter)
+        self.ledger = Ledger(store=store, clock=clock or SystemClock(),
+                             timezone=config.agent.timezone, config=config.agent.usage)
+        self.limits = Limits(config.agent.limits, self.ledger, store)
+        self.models = ModelChoice(config.agent, store)
+        self.recorder = SessionRecorder(store, self.counter, self.ledger)
         self.replies = Replies(store, bus)
         self.stats = TurnStats()
         self.assembly = ContextAssembly(config=config, store=store, provider=provider,
-                                        registry=registry, counter=self.counter, hints=hints)
+                                        registry=registry, counter=self.counter, hints=hints,
+                                        models=self.models)
         self.compaction = SessionCompaction(
             config=config, store=store, provider=provider, registry=registry,
             assembly=self.assembly, compactor=Compactor(provider, store, self.counter,
-                                                        config.agent.context.compaction))
+                                                        config.agent.context.compaction),
+            ledger=self.ledger)
         self.turns = TurnFlow(
             config=config, bus=bus, store=store, recorder=self.recorder,
             runner=Runner(provider, registry, max_iterations=config.agent.max_iterations,
                           max_result_chars=config.agent.tools.max_result_chars),
             assembly=self.assembly, compaction=self.compaction, replies=self.replies,
-            stats=self.stats, services=services or (lambda msg: TurnServices()))
+            stats=self.stats, services=services or (lambda msg: TurnServices()),
+            ledger=self.ledger, limits=self.limits, models=self.models)
         self._tasks = TaskSet()
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
         self._dispatcher: asyncio.Task[None] | None = None
@@ -79,6 +95,8 @@ class AgentLoop:
     # lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.models.load()
+        await self.ledger.load()  # the totals the health endpoint shows
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
 
     async def recover(self, channels: list[str]) -> int:
@@ -178,9 +196,10 @@ class AgentLoop:
 
     async def _command(self, msg: InboundMessage) -> None:
         allowed = self.assembly.audience(msg).tools
-        info = CommandInfo(model=self.config.agent.model,
+        info = CommandInfo(model=self.models.model_name(self.models.alias(msg)),
                            tools=[n for n in self.registry.names if allowed.allows(n)],
-                           queued=self.lanes.waiting(msg.session_key))
+                           queued=self.lanes.waiting(msg.session_key), models=self.models,
+                           ledger=self.ledger)
         try:
             text = await run_command(msg, self.store, info)
         except Exception:

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -33,7 +34,8 @@ from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import AgentConfig
 
-__all__ = ["LLMResponse", "Provider", "ToolCall", "context_window", "warm_up"]
+__all__ = ["LLMResponse", "Provider", "ToolCall", "bundled_model_info", "context_window",
+           "warm_up"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,12 +77,9 @@ def warm_up() -> None:
             _log.debug("warm-up: %s not found in this litellm", name)
 
 
-def context_window(model: str, *, ask_litellm: bool = True) -> int | None:
-    """The model's input window from litellm's bundled model map, if it knows the model.
-
-    The map is read as the JSON file litellm ships (~20 ms, dropped after the lookup), so a
-    gateway whose models need no litellm never imports it (~2 s, ~160 MB); with
-    ``ask_litellm`` a name the file lacks is asked of litellm itself (it knows aliases)."""
+def bundled_model_info(model: str) -> dict[str, Any] | None:
+    """``model``'s entry in the model map litellm ships (window, prices), read as the JSON
+    file (~20 ms, dropped after the lookup) so that asking never imports litellm."""
     bare = model.split("/", 1)[1] if "/" in model else model
     try:
         spec = importlib.util.find_spec("litellm")
@@ -89,7 +88,17 @@ def context_window(model: str, *, ask_litellm: bool = True) -> int | None:
     except (OSError, ValueError):
         table = {}
     info = table.get(model) or table.get(bare)
-    if not isinstance(info, dict):
+    return info if isinstance(info, dict) else None
+
+
+def context_window(model: str, *, ask_litellm: bool = True) -> int | None:
+    """The model's input window from litellm's bundled model map, if it knows the model.
+
+    The map is read as the JSON file (``bundled_model_info``), so a gateway whose models
+    need no litellm never imports it (~2 s, ~160 MB); with ``ask_litellm`` a name the file
+    lacks is asked of litellm itself (it knows aliases)."""
+    info = bundled_model_info(model)
+    if info is None:
         if not ask_litellm:
             return None
         try:
@@ -115,14 +124,31 @@ class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         pools: dict[tuple[str, str | None], OpenAIHTTP] = {}  # one per server and key
-        self.targets = [self._target(config.model, config.api_base, config.api_key, pools)]
-        for fallback in config.fallbacks:
-            if isinstance(fallback, str):  # the main model's server and key
-                self.targets.append(self._target(fallback, config.api_base, config.api_key,
-                                                 pools))
+        self.targets = self._chain(config.model, config.api_base, config.api_key,
+                                   config.fallbacks, pools)
+        self.chains: dict[str | None, list[Target]] = {None: self.targets}
+        """Alias (``agent.models.aliases``) → its model and its fallbacks; None: the
+        default."""
+        for name, alias in config.models.aliases.items():
+            self.chains[name] = self._chain(alias.model, alias.api_base, alias.api_key,
+                                            alias.fallbacks, pools)
+
+    def _chain(self, model: str, api_base: str | None, api_key: str | None,
+               fallbacks: Sequence[str | Any],
+               pools: dict[tuple[str, str | None], OpenAIHTTP]) -> list[Target]:
+        """A model, then its fallbacks: a plain name shares the model's server and key."""
+        chain = [self._target(model, api_base, api_key, pools)]
+        for fallback in fallbacks:
+            if isinstance(fallback, str):
+                chain.append(self._target(fallback, api_base, api_key, pools))
             else:
-                self.targets.append(self._target(fallback.model, fallback.api_base,
-                                                 fallback.api_key, pools))
+                chain.append(self._target(fallback.model, fallback.api_base,
+                                          fallback.api_key, pools))
+        return chain
+
+    @property
+    def all_targets(self) -> list[Target]:
+        return [t for chain in self.chains.values() for t in chain]
 
     def _target(self, model: str, api_base: str | None, api_key: str | None,
                 pools: dict[tuple[str, str | None], OpenAIHTTP]) -> Target:
@@ -136,16 +162,16 @@ class Provider:
 
     def direct(self, model: str) -> bool:
         """Whether ``model`` is posted by ``agent/openai_http.py`` rather than litellm."""
-        return any(t.http is not None for t in self.targets if t.model == model)
+        return any(t.http is not None for t in self.all_targets if t.model == model)
 
     @property
     def needs_litellm(self) -> bool:
-        return any(t.http is None for t in self.targets)
+        return any(t.http is None for t in self.all_targets)
 
     async def aclose(self) -> None:
         """Close the direct client's pool, stop litellm's background logging task and close
         its cached HTTP clients."""
-        for http in {id(t.http): t.http for t in self.targets if t.http}.values():
+        for http in {id(t.http): t.http for t in self.all_targets if t.http}.values():
             await http.aclose()
         if _litellm is None:
             return
@@ -183,20 +209,24 @@ class Provider:
                 "or set agent.api_base to an OpenAI-compatible server such as Ollama, vLLM or "
                 "LM Studio (model: openai/<name>).")
 
-    def configuration_problem(self) -> str | None:
-        """A message saying exactly what to configure, when no model can be called."""
-        problems = [p for t in self.targets if (p := self._key_problem(t))]
-        return problems[0] if len(problems) == len(self.targets) else None
+    def configuration_problem(self, alias: str | None = None) -> str | None:
+        """A message saying exactly what to configure, when no model of ``alias``'s chain
+        (None: the default's) can be called."""
+        chain = self.chains.get(alias, self.targets)
+        problems = [p for t in chain if (p := self._key_problem(t))]
+        return problems[0] if len(problems) == len(chain) else None
 
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
-                       max_tokens: int | None = None) -> LLMResponse:
-        """``max_tokens`` overrides ``agent.max_tokens`` for this call (summaries)."""
-        problem = self.configuration_problem()
+                       max_tokens: int | None = None, alias: str | None = None) -> LLMResponse:
+        """``max_tokens`` overrides ``agent.max_tokens`` for this call (summaries);
+        ``alias`` picks a model of ``agent.models.aliases`` and its fallbacks."""
+        chain = self.chains.get(alias, self.targets)
+        problem = self.configuration_problem(alias)
         if problem:
-            raise ProviderNotConfigured(problem, model=self.config.model)
+            raise ProviderNotConfigured(problem, model=chain[0].model)
         last: ProviderError | None = None
-        for target in self.targets:
+        for target in chain:
             if self._key_problem(target):
                 continue
             try:
@@ -225,9 +255,8 @@ class Provider:
                           attempts - 1, delay)
                 await asyncio.sleep(delay)
             else:
-                if attempt > 1:
-                    return LLMResponse(**{**_fields(response), "attempts": attempt})
-                return response
+                return LLMResponse(**{**_fields(response), "attempts": attempt,
+                                      "target": model})
         raise AssertionError("unreachable")
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
@@ -272,7 +301,7 @@ class Provider:
             # What a server says goes to the log and into the chat: some proxies quote the
             # key they refused, whole.
             text = str(exc)
-            clean = _without_keys(text, [t.api_key for t in self.targets])
+            clean = _without_keys(text, [t.api_key for t in self.all_targets])
             if clean != text:
                 exc.args = (clean,)
             raise

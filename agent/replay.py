@@ -41,6 +41,7 @@ async def replay(store: Store, config: Config, session_id: int,
         inbound=InboundMessage.from_dict(inputs["inbound"]), history=history,
         hints=ChannelHints(**inputs["hints"]), tools_tokens=inputs["tools_tokens"],
         session_key=snapshot["session_key"], turn_id=snapshot["turn_id"],
-        compaction=compaction, recall=inputs.get("recall"))
+        compaction=compaction, recall=inputs.get("recall"), model=inputs.get("model"),
+        chat_prompt=inputs.get("chat_prompt"))
     digest = built.snapshot["hash"]
     return Replay(built.messages, digest, digest == snapshot["hash"])

@@ -163,7 +163,7 @@ class Runner:
                 counted = len(convo)
                 if budget.used > budget.limit:
                     result.shortened += shorten_old_tool_results(convo, budget)
-            response = await self.provider.complete(convo, tools)
+            response = await self.provider.complete(convo, tools, alias=ctx.model)
             result.responses.append(response)
             hooks.on_response(response)
             add(response.assistant_message())

@@ -8,8 +8,9 @@ from typing import Any
 
 from agent.budget import TokenCounter
 from agent.runner import RunResult
+from agent.usage import Ledger
 from gateway.kernel.events import InboundMessage, OutboundMessage
-from gateway.kernel.store import LLMCallRecord, NewMessage, Store
+from gateway.kernel.store import LLMCallRecord, NewMessage, Store, UsageTags
 
 
 @dataclass(slots=True)
@@ -23,12 +24,16 @@ class TurnRecord:
     sources: list[InboundMessage]
     """The stored inbound messages this turn answers (marked done with it)."""
     snapshot: dict[str, Any] | None = None
+    usage: UsageTags | None = None
+    """Whose the turn's model calls are (the usage ledger); None: untagged."""
 
 
 class SessionRecorder:
-    def __init__(self, store: Store, counter: TokenCounter) -> None:
+    def __init__(self, store: Store, counter: TokenCounter, ledger: Ledger | None = None
+                 ) -> None:
         self.store = store
         self.counter = counter
+        self.ledger = ledger
 
     async def finish(self, turn: TurnRecord, result: RunResult | None, *,
                      status: str = "done", error: str | None = None,
@@ -40,10 +45,13 @@ class SessionRecorder:
         if result is not None:
             messages += [NewMessage(m, self.counter.count_message(m))
                          for m in result.complete_messages()]
-            calls = [LLMCallRecord(r.model, r.prompt_tokens, r.completion_tokens, r.latency_ms,
-                                   r.attempts) for r in result.responses]
+            calls = self.ledger.calls(result.responses) if self.ledger is not None else [
+                LLMCallRecord(r.model, r.prompt_tokens, r.completion_tokens, r.latency_ms,
+                              r.attempts) for r in result.responses]
         await self.store.save_turn(
             session_id=turn.session_id, turn_id=turn.turn_id, inbound_id=turn.inbound_id,
             messages=messages, status=status, error=error, calls=calls,
             snapshot=turn.snapshot, started_at=turn.started_at, done=turn.sources,
-            outbound=outbound)
+            outbound=outbound, usage=turn.usage)
+        if self.ledger is not None and turn.usage is not None:
+            self.ledger.recorded(turn.usage, calls)

@@ -26,6 +26,7 @@ from agent.runner import Runner, RunResult, Transcript
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.tools.base import ToolError, ToolRegistry
 from agent.turn import TurnContext, TurnNotes, TurnServices
+from agent.usage import Ledger
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, new_id, utcnow
@@ -59,14 +60,17 @@ class SubagentManager:
     """Runs subagents for the gateway; ``spawn`` is the ``Spawner`` turns get."""
 
     def __init__(self, *, config: Config, provider: Provider, registry: ToolRegistry,
-                 bus: MessageBus | None = None, store: Store | None = None) -> None:
+                 bus: MessageBus | None = None, store: Store | None = None,
+                 ledger: Ledger | None = None) -> None:
+        """``ledger``: where a subagent's model calls are counted, as its asker's."""
         self.config = config
         self.settings = config.agent.tools.spawn
         self.provider = provider
         self.registry = registry
         self.bus = bus
         self.store = store
-        self.recorder = SessionRecorder(store, TokenCounter(config.agent.model)) \
+        self.ledger = ledger
+        self.recorder = SessionRecorder(store, TokenCounter(config.agent.model), ledger) \
             if store is not None else None
         self.running = 0
         self.finished = 0
@@ -158,7 +162,8 @@ class SubagentManager:
             await self.recorder.finish(
                 TurnRecord(session_id=session_id, turn_id=sub_ctx.turn_id, inbound_id=None,
                            started_at=started, user_message=user,
-                           user_tokens=self.recorder.counter.count_message(user), sources=[]),
+                           user_tokens=self.recorder.counter.count_message(user), sources=[],
+                           usage=self.ledger.tags(ctx.message) if self.ledger else None),
                 result, status=result.stop_reason)
         return result
 

@@ -82,6 +82,9 @@ class TurnContext:
     audience: Audience | None = None
     """What the speaker may see and do (``agent/trust.py``); None: the default policy's
     answer for the message's trust."""
+    model: str | None = None
+    """The alias (``agent.models.aliases``) this turn's model calls use; None: ``agent.model``
+    (``agent/model_choice.py``)."""
 
     @property
     def access(self) -> Audience:

@@ -27,11 +27,14 @@ from agent.compaction import CompactionFailed
 from agent.context import BuiltContext
 from agent.errors import ProviderContextTooLarge, ProviderError
 from agent.lanes import Lane
+from agent.limits import Limits, Verdict
+from agent.model_choice import ModelChoice
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
 from agent.runner import Runner, RunResult, Transcript
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.turn import TurnContext, TurnServices
+from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, new_id, utcnow
@@ -53,6 +56,8 @@ class TurnStats:
     """What the gateway's status shows of the turns."""
 
     turns_done: int = 0
+    limited: int = 0
+    """Messages not answered because their sender was over a limit."""
     recent_errors: list[str] = field(default_factory=list)
 
     def error(self, text: str) -> None:
@@ -121,7 +126,9 @@ class TurnFlow:
     def __init__(self, *, config: Config, bus: MessageBus, store: Store, runner: Runner,
                  recorder: SessionRecorder, assembly: ContextAssembly,
                  compaction: SessionCompaction, replies: Replies, stats: TurnStats,
-                 services: Callable[[InboundMessage], TurnServices]) -> None:
+                 services: Callable[[InboundMessage], TurnServices],
+                 ledger: Ledger | None = None, limits: Limits | None = None,
+                 models: ModelChoice | None = None) -> None:
         self.config = config
         self.bus = bus
         self.store = store
@@ -132,12 +139,20 @@ class TurnFlow:
         self.replies = replies
         self.stats = stats
         self.services = services
+        self.ledger = ledger
+        self.limits = limits
+        self.models = models
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self._prompt_cut_said = -PROMPT_CUT_EVERY
 
     async def run(self, work: Work, lane: Lane | None) -> None:
         """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
-        and messages that arrive meanwhile come from."""
+        and messages that arrive meanwhile come from. A sender over a limit
+        (``agent/limits.py``) gets no turn: the model is not asked."""
+        limits = self.limits
+        if limits is not None and limits.enabled and (verdict := await limits.check(work.msg)):
+            await self._refuse(work, verdict)
+            return
         turn = await self._prepare(work, lane)
         await self._build_context(turn)
         try:
@@ -172,7 +187,8 @@ class TurnFlow:
         session = await self.store.active_session(msg.session_key)
         ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
                           tools=self.config.agent.tools, services=self.services(msg),
-                          audience=self.assembly.audience(msg))
+                          audience=self.assembly.audience(msg),
+                          model=self.models.alias(msg) if self.models is not None else None)
         return _Turn(work, lane, ctx, await self.store.compaction(session.id))
 
     async def _build_context(self, turn: _Turn) -> None:
@@ -222,6 +238,18 @@ class TurnFlow:
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
 
+    async def _refuse(self, work: Work, verdict: Verdict) -> None:
+        """Over a limit: one notice per limit and period, then silence; the messages are
+        marked answered either way (a restart does not bring them back)."""
+        assert self.limits is not None
+        self.stats.limited += 1
+        _log.info("%s is over %s (%s): not answered", verdict.person, verdict.limit,
+                  verdict.scope)
+        if await self.limits.first_notice(verdict):
+            await self.replies.answer(work.sources, work.msg, verdict.text, kind="notice")
+        else:
+            await self.store.finish_inbound(work.sources, [])
+
     # parts of the steps -------------------------------------------------------------------
 
     async def _compact_before(self, turn: _Turn) -> bool:
@@ -250,7 +278,8 @@ class TurnFlow:
             session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
             inbound_id=turn.msg.message_id, started_at=utcnow(),
             user_message=built.user_message, user_tokens=built.user_tokens,
-            snapshot=built.snapshot, sources=turn.work.sources)
+            snapshot=built.snapshot, sources=turn.work.sources,
+            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None)
         turn.hooks = _Hooks(self, turn)
 
     async def _run_once(self, turn: _Turn) -> RunResult:

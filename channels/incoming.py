@@ -85,7 +85,7 @@ def to_inbound(inc: Incoming, *, text: str, media: tuple[Media, ...] = (),
         thread_id=inc.thread_id, chat_type="direct" if inc.direct else "group",
         mentioned=mentioned, reply_to=inc.reply_to, received_at=inc.received_at,
         kind="command" if text.startswith("/") else "user", context_only=context_only,
-        trust=trust)
+        trust=trust, server_id=inc.guild_id)
 
 
 # --- what the adapter supplies ------------------------------------------------------------------

@@ -107,7 +107,8 @@ class Gateway:
                                        self.config.agent.tools, memory=self.config.agent.memory,
                                        timezone=self.config.agent.timezone,
                                        exec_access=self.exec_access),
-                                   hints=self.manager.hints, services=self._services)
+                                   hints=self.manager.hints, services=self._services,
+                                   clock=self.clock)
             await self._start_agent_tools(self.store, self.agent)
             # Unanswered messages from the last run go first, ahead of anything new.
             system = [CRON_CHANNEL, HEARTBEAT_CHANNEL] if self._configured else []
@@ -169,7 +170,8 @@ class Gateway:
             self.mcp.attach(agent.registry)
         if self.config.agent.tools.spawn.enabled:
             self.subagents = SubagentManager(config=self.config, provider=self.provider,
-                                             registry=agent.registry, bus=self.bus, store=store)
+                                             registry=agent.registry, bus=self.bus, store=store,
+                                             ledger=agent.ledger)
 
     def _services(self, msg: InboundMessage) -> TurnServices:
         """What one turn's tools may use: delivery now (message tool), the jobs (cron) and
@@ -266,6 +268,8 @@ class Gateway:
             "queued_messages": agent.queued if agent else 0,
             "inbound_queue": self.bus.inbound_size,
             "turns_done": agent.turns_done if agent else 0,
+            "usage": agent.ledger.totals() if agent else None,
+            "limited_messages": agent.stats.limited if agent else 0,
             "delivered": self.manager.delivered,
             "outbox_pending": self.manager.pending(),
             "dead_letters": self._dead_before + self.manager.failed,

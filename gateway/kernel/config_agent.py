@@ -21,6 +21,13 @@ from gateway.kernel.config_fields import (
     check_target,
 )
 from gateway.kernel.config_trust import TrustConfig
+from gateway.kernel.config_usage import (
+    ChatDefaults,
+    LimitsConfig,
+    ModelsConfig,
+    UsageConfig,
+    check_chat_defaults,
+)
 
 
 class CompactionConfig(Section):
@@ -264,6 +271,18 @@ class AgentConfig(Section):
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()
     trust: TrustConfig = TrustConfig()
+    usage: UsageConfig = UsageConfig()
+    limits: LimitsConfig = LimitsConfig()
+    models: ModelsConfig = ModelsConfig()
+    chats: dict[str, ChatDefaults] = Field(default_factory=dict)
+    """``channel:chat_id`` (one chat), ``channel:server:<id>`` (a Discord server's chats) or
+    ``channel`` (all its chats) → the default model alias and a system-prompt addition; the
+    chat's own entry wins, then its server's, then its channel's."""
+
+    @model_validator(mode="after")
+    def _chat_models(self) -> AgentConfig:
+        check_chat_defaults(self.chats, self.models)
+        return self
 
     @field_validator("timezone")
     @classmethod

@@ -116,6 +116,9 @@ class InboundMessage:
     trust: Trust = "guest"
     """How far the sender is trusted (``agent/trust.py`` turns it into tools and memory);
     a message nobody vouched for is a guest's."""
+    server_id: str | None = None
+    """The server (a Discord guild) the chat belongs to; None elsewhere and in direct chats.
+    A server can have its own defaults (``agent.chats``)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Platform extras for display and logs; never read to decide what happens."""
 

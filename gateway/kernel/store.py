@@ -7,7 +7,8 @@ once, when it is written, and history is read newest-first with a LIMIT, never w
 ``Store`` is put together from one class per group of tables, each in its own module:
 ``store_db`` (the connection, schema and write lock), ``store_sessions`` (sessions, messages,
 compactions, a turn's write), ``store_queues`` (inbox, outbox) and ``store_snapshots``
-(snapshots, usage). The row types and ``content_text`` are re-exported here, so
+(snapshots, usage) and ``store_usage`` (the usage ledger's reads, limit notices, each
+conversation's model). The row types and ``content_text`` are re-exported here, so
 ``from gateway.kernel.store import StoredMessage`` keeps working wherever it is written.
 """
 
@@ -22,15 +23,17 @@ from gateway.kernel.store_sessions import (
     SessionRow,
     SessionTables,
     StoredMessage,
+    UsageTags,
     content_text,
 )
 from gateway.kernel.store_snapshots import SnapshotTables
+from gateway.kernel.store_usage import UsageRow, UsageTables
 
 __all__ = [
     "SCHEMA_VERSION", "Compaction", "LLMCallRecord", "NewMessage", "PendingOutbound",
-    "SessionRow", "Store", "StoredMessage", "content_text",
+    "SessionRow", "Store", "StoredMessage", "UsageRow", "UsageTags", "content_text",
 ]
 
 
-class Store(SessionTables, QueueTables, SnapshotTables):
+class Store(SessionTables, QueueTables, SnapshotTables, UsageTables):
     """The database: open with ``await Store.open(path)``, close once with ``close()``."""

@@ -68,9 +68,28 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     completion_tokens INTEGER NOT NULL,
     latency_ms REAL NOT NULL,
     attempts INTEGER NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    session_id INTEGER,
+    person TEXT,
+    chat TEXT,
+    trust TEXT,
+    cost REAL NOT NULL DEFAULT 0,
+    day TEXT
 );
 CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
+
+CREATE TABLE IF NOT EXISTS limit_notices (
+    scope TEXT NOT NULL,
+    period TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (scope, period)
+);
+
+CREATE TABLE IF NOT EXISTS conversation_models (
+    session_key TEXT PRIMARY KEY,
+    alias TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS context_snapshots (
     turn_id TEXT PRIMARY KEY,
@@ -125,6 +144,23 @@ CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
 """
 
 
+_LEDGER_COLUMNS = {"session_id": "INTEGER", "person": "TEXT", "chat": "TEXT", "trust": "TEXT",
+                   "cost": "REAL NOT NULL DEFAULT 0", "day": "TEXT"}
+_LEDGER_INDEXES = """
+CREATE INDEX IF NOT EXISTS llm_calls_person_day ON llm_calls(person, day);
+"""
+
+
+async def _upgrade(db: aiosqlite.Connection) -> None:
+    """Databases from before the usage ledger: its columns added to ``llm_calls`` (older
+    rows have no person, chat or day, and cost 0)."""
+    columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(llm_calls)")}
+    for name, kind in _LEDGER_COLUMNS.items():
+        if name not in columns:
+            await db.execute(f"ALTER TABLE llm_calls ADD COLUMN {name} {kind}")
+    await db.executescript(_LEDGER_INDEXES)
+
+
 def iso(ts: datetime | None = None) -> str:
     """A timestamp as stored: ISO 8601, now when not given."""
     return (ts or utcnow()).isoformat()
@@ -166,6 +202,7 @@ class Database:
             await db.execute("PRAGMA foreign_keys=ON")
             await db.execute("PRAGMA busy_timeout=5000")
             await db.executescript(_SCHEMA)
+            await _upgrade(db)
             await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             await db.close()

@@ -65,6 +65,22 @@ class LLMCallRecord:
     completion_tokens: int
     latency_ms: float
     attempts: int
+    cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTags:
+    """Whose a turn's model calls are, for the usage ledger (``llm_calls``)."""
+
+    person: str
+    """``channel:sender_id``"""
+    chat: str
+    """``channel:chat_id``"""
+    trust: str
+    at: datetime
+    """When, by the gateway's clock."""
+    day: str
+    """``YYYY-MM-DD`` in ``agent.timezone``: the period of daily limits and totals."""
 
 
 def content_text(content: Any) -> str:
@@ -72,6 +88,20 @@ def content_text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(str(p.get("text", "[image]")) for p in content)
     return str(content or "")
+
+
+INSERT_CALL = ("INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
+               "latency_ms, attempts, created_at, session_id, person, chat, trust, cost, day) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
+               usage: UsageTags | None, now: str) -> list[tuple[Any, ...]]:
+    """``llm_calls`` rows: the usage ledger, tagged with whose the calls were."""
+    tags = (usage.person, usage.chat, usage.trust, iso(usage.at), usage.day) if usage \
+        else (None, None, None, now, None)
+    return [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
+             c.attempts, tags[3], session_id, *tags[:3], c.cost, tags[4]) for c in calls]
 
 
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
@@ -191,13 +221,20 @@ class SessionTables(Database):
             async for r in cursor:
                 yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
 
+    async def save_calls(self, *, session_id: int, turn_id: str, calls: list[LLMCallRecord],
+                         usage: UsageTags | None) -> None:
+        """Model calls made outside a turn's own write (a compaction's): into the ledger."""
+        rows = _call_rows(session_id, turn_id, calls, usage, iso())
+        await self._write(lambda db: db.executemany(INSERT_CALL, rows))
+
     async def save_turn(self, *, session_id: int, turn_id: str, inbound_id: str | None,
                         messages: list[NewMessage], status: str = "done",
                         error: str | None = None, calls: list[LLMCallRecord] | None = None,
                         snapshot: dict[str, Any] | None = None,
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
-                        outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+                        outbound: list[tuple[OutboundMessage, datetime]] | None = None,
+                        usage: UsageTags | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
         it answered (marked done), and its replies (into the outbox, to be delivered)."""
         now = iso()
@@ -205,8 +242,7 @@ class SessionTables(Database):
         outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
         message_rows = [(session_id, turn_id, m.body["role"], dump_json(m.body), m.tokens, now)
                         for m in messages]
-        call_rows = [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
-                      c.attempts, now) for c in calls or ()]
+        call_rows = _call_rows(session_id, turn_id, calls or [], usage, now)
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
                         SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
@@ -222,9 +258,7 @@ class SessionTables(Database):
                 "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
                 "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
-            db.executemany(
-                "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
-                "latency_ms, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", call_rows)
+            db.executemany(INSERT_CALL, call_rows)
             if snapshot_row is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "

@@ -46,6 +46,8 @@ COMMAND_DESCRIPTIONS: dict[str, str] = {
     "stop": "stop the running answer at once (what you sent is kept)",
     "compact": "summarise the older part of the conversation now (/compact [focus])",
     "status": "model, session, message count and context size",
+    "usage": "your model calls, tokens and cost (today and in all)",
+    "model": "the model of this conversation: /model lists, /model <name> switches",
     "help": "list the commands",
 }
 """What channels show in their command menus (Telegram's setMyCommands, ...)."""

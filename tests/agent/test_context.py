@@ -108,7 +108,8 @@ def test_system_layers_in_contract_order(tmp_path: Path, counter: TokenCounter) 
     assert system["role"] == "system"
     layers = system["content"].split(LAYER_SEPARATOR)
     assert layers[0].startswith("# Runtime")
-    assert "openai/test-model" in layers[0] and str(ws) in layers[0]
+    assert str(ws) in layers[0]
+    assert "Model: openai/test-model" in built.messages[-2]["content"]  # the runtime block's
     assert layers[1:7] == ["soul: be kind", "identity: Parley", "agents: rules",
                            "user: likes tea", "tools: notes", "memory: facts"]
     assert layers[7] == "# Skill: style\n\nWrite short sentences."
@@ -212,7 +213,8 @@ def test_runtime_block(tmp_path: Path, counter: TokenCounter) -> None:
     assert lines[1] == "Time: 2024-07-07 00:30:00 Europe/Berlin (UTC+0200), Sunday"
     assert lines[2:] == [
         "Channel: telegram", "Chat ID: c42", "Chat type: direct", "Thread: t9",
-        "Sender: Alice (id u7)", "Sender trust: owner", "Channel hints:",
+        "Sender: Alice (id u7)", "Sender trust: owner", "Model: openai/test-model",
+        "Channel hints:",
         "- Markup: Telegram HTML",
         "- Message length limit: 4096 characters (longer replies are split)",
         "- Etiquette: answer only when mentioned"]

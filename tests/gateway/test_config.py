@@ -105,3 +105,21 @@ def test_example_config_is_valid_and_documents_every_option() -> None:
 
     missing = [k for k in _keys(Config) if not has(k)]
     assert missing == []
+
+
+def test_bad_usage_limits_and_models_are_named() -> None:
+    errs = dict(errors_of({"agent": {
+        "limits": {"guest": {"messages_per_minute": 0}, "people": {"ada": {}},
+                   "member": {"per_hour": 3}},
+        "models": {"aliases": {"fast": {}}, "switch": ["admin"]},
+        "usage": {"prices": {"m": {"input": -1}}}}}))
+    assert "greater than 0" in errs["agent.limits.guest.messages_per_minute"]
+    assert "'ada' is not a person: write channel:id" in errs["agent.limits.people"]
+    assert errs["agent.limits.member.per_hour"] == "unknown key"
+    assert "agent.models.aliases.fast.model" in errs
+    assert "agent.models.switch[0]" in errs
+    assert "greater than or equal to 0" in errs["agent.usage.prices.m.input"]
+    errs = dict(errors_of({"agent": {"models": {"aliases": {"default": {"model": "x"}}}}}))
+    assert "'default' is reserved" in errs["agent.models.aliases"]
+    errs = dict(errors_of({"agent": {"chats": {"local:x": {"model": "smart"}}}}))
+    assert "chats.local:x.model: 'smart' is not an alias" in errs["agent"]

@@ -66,3 +66,39 @@ async def test_reopen_keeps_data(tmp_path: Path) -> None:
     assert (await s.latest_snapshot(sess.id)) == {"hash": "h", "total_tokens": 42}
     assert (await s.active_session("k")).last_context_tokens == 42
     await s.close()
+
+
+async def test_an_older_database_gains_the_ledger_columns(tmp_path: Path) -> None:
+    """A database from before the usage ledger: its llm_calls rows stay, the new columns
+    are added, and a turn with usage tags writes them."""
+    from datetime import UTC, datetime
+
+    from gateway.kernel.store import LLMCallRecord, UsageTags
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE llm_calls (id INTEGER PRIMARY KEY AUTOINCREMENT, turn_id TEXT NOT NULL, "
+        "model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT "
+        "NULL, latency_ms REAL NOT NULL, attempts INTEGER NOT NULL, created_at TEXT NOT NULL);"
+        "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, latency_ms, "
+        "attempts, created_at) VALUES ('t0', 'old-model', 10, 2, 5.0, 1, '2024-01-01');")
+    db.commit()
+    db.close()
+    store = await Store.open(path)
+    try:
+        session = await store.active_session("local:c1")
+        at = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
+        await store.save_turn(
+            session_id=session.id, turn_id="t1", inbound_id=None,
+            messages=[NewMessage({"role": "user", "content": "hi"}, 1)],
+            calls=[LLMCallRecord("m", 100, 20, 3.0, 1, cost=0.5)],
+            usage=UsageTags(person="local:ada", chat="local:c1", trust="member", at=at,
+                            day="2025-01-06"))
+        total = await store.usage_total()
+        assert (total.calls, total.prompt_tokens, total.cost) == (2, 110, 0.5)
+        ada = await store.usage_total(person="local:ada", day="2025-01-06")
+        assert (ada.calls, ada.completion_tokens, ada.cost) == (1, 20, 0.5)
+        assert [r.key for r in await store.usage_by("person")] == ["local:ada", "(unknown)"]
+    finally:
+        await store.close()
