@@ -10,7 +10,12 @@ but the first the channels the bot heard from recently are read back over REST, 
 said meanwhile is still answered (once: message ids are remembered, and the durable inbox
 de-duplicates too). A watchdog closes a connection whose heartbeats go unacknowledged for
 ``watchdog`` seconds (a zombie connection: discord.py then resumes), and ``status()`` says
-degraded while the gateway is down or silent.
+degraded while the gateway is down or silent. A gateway can also go deaf with its heartbeats
+still acknowledged: Discord dispatches the bot's own messages back to it, so a message sent
+over REST whose echo does not arrive within ``watchdog`` (``common.Liveness.expect_echo``)
+marks the channel degraded and the watchdog reconnects (a RESUME replays what was missed).
+A login answer discord.py cannot read fails the start with one line, like a refused token;
+the gateway keeps running and starts the channel again later.
 
 API base. discord.py keeps its REST base (``Route.BASE``) and its gateway URL
 (``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are
@@ -33,6 +38,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -42,7 +48,7 @@ from typing import Any
 import yarl
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
-from channels.common import SecretFilter, StateWatch, Typing, iso
+from channels.common import Liveness, SecretFilter, StateWatch, Typing, iso
 from channels.discord_convert import (
     NAME,
     TEXT_LIMIT,
@@ -190,6 +196,12 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._sessions = 0
         self.fatal: str | None = None
         self.last_event: datetime | None = None
+        self._live = Liveness(receive="gateway event", limit=config.watchdog, clock=clock,
+                              silence=False)
+        """A quiet server sends nothing: only a missing echo of our own message counts."""
+        self._echoed: OrderedDict[int, None] = OrderedDict()
+        """Ids of our own messages the gateway dispatched back (recent ones)."""
+        self._last_restart = clock()
         self.disconnects = 0
         self.resumes = 0
         self.catch_ups = 0
@@ -314,8 +326,14 @@ class DiscordChannel(StateWatch, ChannelBase):
                     delay = backoff.next()
                     _log.warning("discord: cannot log in yet (%s: %s); retry in %.1fs",
                                  type(exc).__name__, exc, delay)
+                    self._live.down(f"cannot log in yet: {type(exc).__name__}: {exc}")
                     self._settled.set()  # the gateway need not wait for Discord to come back
                     await asyncio.sleep(delay)
+                except Exception as exc:  # an answer discord.py could not read
+                    await client.close()
+                    raise DiscordChannelError(
+                        f"Discord at {self.config.api_base} gave a malformed login answer "
+                        f"({type(exc).__name__}: {exc})") from None
             self._logged_in = True
             await client.connect(reconnect=True)
         except discord.PrivilegedIntentsRequired:
@@ -328,11 +346,12 @@ class DiscordChannel(StateWatch, ChannelBase):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            _log.exception("discord: the gateway connection failed")
-            await self._fail(f"the gateway connection failed: {type(exc).__name__}: {exc}")
+            await self._fail(f"the gateway connection failed: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
     async def _fail(self, error: str) -> None:
         self.fatal = error
+        self._live.down(error)
         self._connected = False
         self._settled.set()
         _log.error("discord: %s", error)
@@ -340,6 +359,7 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     async def _gateway_up(self, *, resumed: bool) -> None:
         self._connected = True
+        self._live.received()
         if resumed:
             self.resumes += 1
         else:
@@ -360,8 +380,14 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     def _saw_event(self) -> None:
         self.last_event = utcnow()
+        self._live.received()
 
     def _received(self, message: discord.Message) -> None:
+        user = self._client.user if self._client is not None else None
+        if user is not None and message.author.id == user.id:
+            self._echoed[message.id] = None
+            while len(self._echoed) > 1000:
+                self._echoed.popitem(last=False)
         if not self._stopped:
             self._reader.put(message)
 
@@ -374,9 +400,15 @@ class DiscordChannel(StateWatch, ChannelBase):
             if client is None or not self._connected or client.ws is None:
                 continue
             age = _heartbeat_ack_age(client)
-            if age is not None and age > limit:
-                _log.warning("discord: no heartbeat acknowledged for %.1fs; reconnecting", age)
+            deaf = self._live.stalled() and self._clock() - self._last_restart > limit
+            if (age is not None and age > limit) or deaf:
+                if deaf:
+                    _log.warning("discord: %s; reconnecting", self._live.state(True)[1])
+                else:
+                    _log.warning("discord: no heartbeat acknowledged for %.1fs; reconnecting",
+                                 age)
                 self.watchdog_restarts += 1
+                self._last_restart = self._clock()
                 try:
                     await client.ws.close(code=4000)
                 except Exception as exc:  # already closing: discord.py reconnects anyway
@@ -396,12 +428,17 @@ class DiscordChannel(StateWatch, ChannelBase):
     def status(self) -> ChannelStatus:
         client = self._client
         age = _heartbeat_ack_age(client) if client is not None and self._connected else None
-        stale = age is not None and age > self.config.watchdog
-        up = self._running and self._connected and not stale
+        state, reason = self._live.state(self._running)
+        if state != "down" and not self._connected:
+            state, reason = "down", "the gateway is not connected"
+        elif state == "connected" and age is not None and age > self.config.watchdog:
+            state, reason = "degraded", f"no heartbeat acknowledged for {age:.0f}s"
+        if self.fatal:
+            state, reason = "down", self.fatal
         latency = client.latency if client is not None and self._connected else math.inf
         detail: dict[str, object] = {
             "bot": self._bot_name(), "connected": self._running and self._connected,
-            "degraded": self._running and not up,
+            "degraded": self._running and state != "connected",
             "latency_ms": round(latency * 1000) if math.isfinite(latency) else None,
             "last_heartbeat_ack_s": round(age, 1) if age is not None else None,
             "last_event": iso(self.last_event),
@@ -410,12 +447,18 @@ class DiscordChannel(StateWatch, ChannelBase):
             "disconnects": self.disconnects, "resumes": self.resumes,
             "catch_ups": self.catch_ups, "watchdog_restarts": self.watchdog_restarts,
             "error": self.fatal}
-        return ChannelStatus(running=up, detail=detail)
+        return ChannelStatus(running=state == "connected", detail=detail, state=state,
+                             reason=reason)
 
     # --- outbound -------------------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> Delivery:
-        return await self._outbound.send(msg)
+        """Over REST; a new message should come back on the gateway (``_received``)."""
+        delivery = await self._outbound.send(msg)
+        if delivery.ok and self._connected and any(
+                i.isdigit() and int(i) not in self._echoed for i in delivery.message_ids):
+            self._live.expect_echo()
+        return delivery
 
     # --- typing ---------------------------------------------------------------------------------
 
@@ -436,4 +479,4 @@ class DiscordChannel(StateWatch, ChannelBase):
 def create(deps: ChannelDeps) -> DiscordChannel:
     """The gateway's factory for ``channels.discord``."""
     return DiscordChannel(deps.config.channels.discord, bus=deps.bus, store=deps.store,
-                          workspace=deps.config.workspace_path)
+                          workspace=deps.config.workspace_path, clock=deps.monotonic)
