@@ -190,9 +190,8 @@ class Liveness:
         if self._echo_due is not None and self.limit is not None:
             waited = self._clock() - self._echo_due
             if waited > self.limit:
-                return "degraded", (f"nothing received for {waited:.0f}s after a send that "
-                                    f"should have come back as {self.receive} "
-                                    f"(watchdog {self.limit:g}s)")
+                return "degraded", (f"no {self.receive} for {waited:.0f}s after a send the "
+                                    f"platform echoes (watchdog {self.limit:g}s)")
         return "connected", None
 
     def stalled(self) -> bool:

@@ -56,6 +56,7 @@ from channels.telegram_convert import (
     WORDING,
     access_rules,
     incoming,
+    never_sent,
     retry_seconds,
 )
 from channels.telegram_outbound import Outbound
@@ -184,7 +185,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         if isinstance(exc, InvalidToken):
             return (f"channels.telegram.token was refused by {where} (check the token "
                     "@BotFather gave you)")
-        if isinstance(exc, NetworkError):
+        if isinstance(exc, NetworkError) and never_sent(exc):
             return f"{where} is not reachable (getMe: {self._redact(exc.message)})"
         if isinstance(exc, TelegramError):
             return f"getMe failed at {where}: {self._redact(exc.message)}"

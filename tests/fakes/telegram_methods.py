@@ -93,7 +93,8 @@ class TelegramMethods(TelegramState):
             result = await handler(params, files)
             malformed = self._malformed.get(method)
             if malformed and isinstance(result, dict):
-                result = {k: v for k, v in result.items() if k != malformed.popleft()}
+                missing = malformed.popleft()
+                result = {k: v for k, v in result.items() if k != missing}
         except ApiError as exc:
             return _error(exc.code, exc.description, exc.parameters)
         finally:
