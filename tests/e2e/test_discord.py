@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import channels.discord as discord_channel
+import channels.discord_library as discord_library
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
@@ -329,7 +330,7 @@ async def test_a_dropped_gateway_loses_nothing(gateway: Gateway, dc: FakeDiscord
 async def test_a_fresh_session_reads_back_what_it_missed(
         gateway: Gateway, dc: FakeDiscord, llm: ScriptedLLM, world: dict[str, Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(discord_channel, "IDENTIFY_DELAY", 0.0)
+    monkeypatch.setattr(discord_library, "IDENTIFY_DELAY", 0.0)
     channel = channel_of(gateway)
     dm = dc.dm_channel(world["ada"])
     llm.reply("one").reply("two")
