@@ -132,8 +132,9 @@ class DiscordState:
         self._nonces: dict[tuple[int, str], int] = {}
         self._malformed: dict[str, deque[str]] = {}
         self.deaf = False
-        """True: the gateway stops dispatching (heartbeats are still acknowledged); the
-        events are kept for a RESUME, as Discord keeps a session's missed events."""
+        """True: this connection stops dispatching (heartbeats are still acknowledged) until
+        the client connects again; the events are kept for a RESUME, as Discord keeps a
+        session's missed events."""
 
     @property
     def root(self) -> str:
