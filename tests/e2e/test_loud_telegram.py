@@ -4,18 +4,24 @@ read. Health comes from what completed; nothing ends the gateway; nothing arrive
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from gateway.kernel.events import OutboundMessage
+from tests.channels.test_telegram import free_port
 from tests.conftest import MakeConfig
+from tests.e2e.test_cli import PARLEY, _env, parley, write_config
 from tests.e2e.test_gateway import Client
 from tests.fakes.openai_server import ScriptedLLM
 from tests.fakes.telegram_server import FakeTelegram
@@ -159,3 +165,39 @@ async def test_a_send_whose_answer_never_comes_is_resent_once_at_most(
         row = await gw.store.fetchone("SELECT status, last_error FROM outbox WHERE "
                                       "idempotency_key = ?", (out.idempotency_key,))
         assert row[0] == "dead" and "outcome unknown twice" in row[1]
+
+
+async def test_the_gateway_process_runs_on_and_status_says_why(
+        tmp_path: Path, tg: FakeTelegram, llm: ScriptedLLM) -> None:
+    tg.malform_next("getMe", "first_name", times=10_000)  # never readable
+    config = write_config(tmp_path, llm)
+    data = yaml.safe_load(config.read_text())
+    port = free_port()
+    data["channels"] = {"local": {"port": port}, "telegram": {
+        "enabled": True, "token": tg.token, "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url, "poll_timeout": "0.2s", "watchdog": "2s"}}
+    config.write_text(yaml.safe_dump(data))
+    proc = await asyncio.create_subprocess_exec(
+        PARLEY, "gateway", "--config", str(config), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env())
+    assert proc.stderr is not None
+    try:
+        log: list[str] = []
+        while not any("gateway running" in line for line in log):
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, "gateway exited early:\n" + "".join(log)
+            log.append(line)
+        code, out, err = await parley("status", "--config", str(config))
+        assert code == 0, err
+        assert "health:   degraded" in out
+        row = next(line for line in out.splitlines() if line.lstrip("│ ").startswith("telegram"))
+        assert "down (the Bot API at" in row and "malformed getMe answer" in row
+        proc.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(proc.communicate(), 20)
+        assert proc.returncode == 0
+        stderr = "".join(log) + rest.decode()
+        assert "Traceback" not in stderr and "could not start" in stderr
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
