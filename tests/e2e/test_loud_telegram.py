@@ -88,7 +88,8 @@ async def test_health_is_degraded_within_the_watchdog_while_the_api_is_gone(
             else:
                 assert state == "connected" and health["status"] == "ok", samples
         assert [s for s in samples if s[1] == "degraded"][0][0] <= WATCHDOG + step
-        assert channel.watchdog_restarts >= 1  # rebuilt meanwhile, and still degraded
+        await channel.wait_until(lambda c: c.watchdog_restarts >= 1)  # polling rebuilt...
+        assert gw.health()["channels"]["telegram"]["state"] == "degraded"  # ...still degraded
         seen = channel.last_poll_ok
         await tg.set_gone(False)
         await channel.wait_until(lambda c: c.last_poll_ok != seen)
