@@ -7,6 +7,7 @@ them plainly instead of probing for them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 class ChannelStatus:
     running: bool = False
     detail: dict[str, object] = field(default_factory=dict)
+    state: str | None = None
+    """"connected", "degraded" or "down", from what completed (``common.Liveness``); None:
+    the gateway derives it from ``running`` and ``detail["degraded"]``."""
+    reason: str | None = None
+    """Why the state is not "connected", in one line."""
 
 
 @runtime_checkable
@@ -75,3 +81,5 @@ class ChannelDeps:
     data_path: Path
     """``data_dir``: channels keep downloaded media under ``data_path / "media" / <name>``."""
     health: Callable[[], dict[str, Any]]
+    monotonic: Callable[[], float] = time.monotonic
+    """Seconds for watchdogs and health (``Liveness``); tests hand in a clock they move."""

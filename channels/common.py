@@ -1,5 +1,6 @@
 """Pieces every platform adapter needs: keeping bot tokens out of logs and error texts,
-"typing…" while a turn runs, and waiting for a change of state."""
+"typing…" while a turn runs, waiting for a change of state, a channel's health derived from
+what completed (``Liveness``), and optional calls retried in the background (``optional``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from datetime import datetime
 from typing import Generic, Self, TypeVar
 
-from gateway.kernel.events import ChatActivity
+from gateway.kernel.backoff import Backoff
+from gateway.kernel.events import ChatActivity, utcnow
 from gateway.kernel.tasks import TaskSet
+
+_log = logging.getLogger(__name__)
 
 MAX_TYPING_SECONDS = 600.0
 """A turn that runs longer stops showing "typing…" (a stuck turn should not look busy forever)."""
@@ -120,3 +124,97 @@ class Typing(Generic[K]):
         finally:
             if self.running.get(key) is asyncio.current_task():
                 del self.running[key]
+
+
+class Liveness:
+    """A channel's state from what actually completed, never from a (re)start.
+
+    ``received()`` after each completed receive (a poll that answered, a gateway event),
+    ``expect_echo()`` when the platform
+    should now send something back (Discord dispatches the bot's own messages). The channel is
+    *degraded* once nothing was received for ``limit`` seconds since the last receive (or
+    since it was first started: a restart of its transport does not count), or when an echo
+    it waited for has not come within ``limit``; *down* (with the reason) when it could not
+    start or was refused for good. ``limit=None``: silence is normal (a webhook), only echoes
+    and ``down`` count."""
+
+    def __init__(self, *, receive: str, limit: float | None, clock: Callable[[], float],
+                 silence: bool = True) -> None:
+        """``receive`` names the call or event that counts, for the reason ("getUpdates");
+        ``silence=False``: a quiet platform is normal, only a missing echo counts."""
+        self.receive = receive
+        self.limit = limit
+        self._silence = silence
+        self._clock = clock
+        self._since: float | None = None
+        self._last_receive: float | None = None
+        self._echo_due: float | None = None
+        self.last_receive_at: datetime | None = None
+        self.down_reason: str | None = None
+
+    def watching(self) -> None:
+        """The channel started for the first time: silence counts from now (only once)."""
+        if self._since is None:
+            self._since = self._clock()
+
+    def received(self) -> None:
+        self._last_receive = self._clock()
+        self._echo_due = None
+        self.last_receive_at = utcnow()
+        self.down_reason = None
+
+    def expect_echo(self) -> None:
+        """Something should arrive soon (the platform echoes what we sent); keep the first."""
+        if self._echo_due is None:
+            self._echo_due = self._clock()
+
+    def down(self, reason: str | None) -> None:
+        self.down_reason = reason
+
+    def silent_for(self) -> float | None:
+        """Seconds since the last completed receive (or the first start); None before it."""
+        start = self._last_receive if self._last_receive is not None else self._since
+        return None if start is None else max(0.0, self._clock() - start)
+
+    def state(self, running: bool) -> tuple[str, str | None]:
+        """("connected" | "degraded" | "down", the reason or None)."""
+        if self.down_reason:
+            return "down", self.down_reason
+        if not running:
+            return "down", "not running"
+        silent = self.silent_for() if self._silence else None
+        if silent is not None and self.limit is not None and silent > self.limit:
+            what = "since it started" if self._last_receive is None else "for"
+            return "degraded", (f"no {self.receive} completed {what} {silent:.0f}s "
+                                f"(watchdog {self.limit:g}s)")
+        if self._echo_due is not None and self.limit is not None:
+            waited = self._clock() - self._echo_due
+            if waited > self.limit:
+                return "degraded", (f"no {self.receive} for {waited:.0f}s after a send the "
+                                    f"platform echoes (watchdog {self.limit:g}s)")
+        return "connected", None
+
+    def stalled(self) -> bool:
+        """Degraded by silence or a missing echo: the transport should be rebuilt."""
+        return self.state(True)[0] == "degraded"
+
+
+async def optional(what: str, call: Callable[[], Awaitable[object]], *,
+                   clean: Callable[[str], str] = str, label: str = "") -> None:
+    """Run an optional call (a command menu, a webhook cleanup, a profile) until it works,
+    with the kernel's backoff; each failure is logged under its own name. Never raises but
+    ``CancelledError``: nothing that waits for it stops receiving."""
+    backoff = Backoff()
+    while True:
+        try:
+            await call()
+            if backoff.attempt:
+                _log.info("%s%s worked after %d failure(s)", label, what, backoff.attempt)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            delay = backoff.next()
+            _log.warning("%s%s failed (%s: %s); retry in %.1fs", label, what,
+                         type(exc).__name__, clean(str(exc)), delay)
+            await asyncio.sleep(delay)

@@ -1,22 +1,28 @@
 """The Discord channel: discord.py 2, its client run as a task inside the gateway's event loop.
 
-Connection. ``start()`` logs in over REST (a refused token stops the gateway with a clear
-message; an unreachable Discord does not: it keeps trying, and status says down), runs
-``client.connect()`` in an owned task and waits up to ``connect_timeout`` for READY. Discord
-refusing the Message Content intent (close code 4014) stops the gateway with the name of the
-portal switch. Reconnects and RESUMEs are discord.py's: a resumed session gets every event it
-missed. When a session cannot be resumed Discord replays nothing, so after any fresh session
-but the first the channels the bot heard from recently are read back over REST, and what was
-said meanwhile is still answered (once: message ids are remembered, and the durable inbox
-de-duplicates too). A watchdog closes a connection whose heartbeats go unacknowledged for
-``watchdog`` seconds (a zombie connection: discord.py then resumes), and ``status()`` says
-degraded while the gateway is down or silent.
+Connection. ``start()`` logs in over REST (a refused token fails the start with a clear
+message, and the gateway marks the channel down and tries again later; an unreachable Discord
+does not: it keeps trying, and status says down), runs ``client.connect()`` in an owned task
+and waits up to ``connect_timeout`` for READY. Discord refusing the Message Content intent
+(close code 4014) fails the start with the name of the portal switch. Reconnects and RESUMEs
+are discord.py's: a resumed session gets every event it missed. When a session cannot be
+resumed Discord replays nothing, so after any fresh session but the first the channels the bot
+heard from recently are read back over REST, and what was said meanwhile is still answered
+(once: message ids are remembered, and the durable inbox de-duplicates too). A watchdog closes
+a connection whose heartbeats go unacknowledged for ``watchdog`` seconds (a zombie connection:
+discord.py then resumes), and ``status()`` says degraded while the gateway is down or silent. A
+gateway can also go deaf with its heartbeats still acknowledged: Discord dispatches the bot's
+own messages back to it, so a message sent over REST whose echo does not arrive within
+``watchdog`` (``common.Liveness.expect_echo``) marks the channel degraded and the watchdog
+reconnects (a RESUME replays what was missed). A login answer discord.py cannot read fails the
+start with one line, like a refused token; the gateway keeps running and starts the channel
+again later.
 
 API base. discord.py keeps its REST base (``Route.BASE``) and its gateway URL
-(``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are
-set in one place, ``_login()``, right before login (the gateway URL from that server's
-``GET /gateway``), and restored on stop. Two Discord channels with different ``api_base`` in
-one process are therefore not supported.
+(``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are set
+in one place, ``_login()``, right before login (the gateway URL from that server's ``GET
+/gateway``), and restored on stop. Two Discord channels with different ``api_base`` in one
+process are therefore not supported.
 
 Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
 the message and one owned worker (``discord_reader``) converts messages in arrival order
@@ -33,16 +39,16 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import yarl
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
-from channels.common import SecretFilter, StateWatch, Typing, iso
+from channels.common import Liveness, SecretFilter, StateWatch, Typing, iso
 from channels.discord_convert import (
     NAME,
     TEXT_LIMIT,
@@ -52,6 +58,16 @@ from channels.discord_convert import (
     discord,
 )
 from channels.discord_cursors import Cursors
+from channels.discord_library import (
+    DEFAULT_API_BASE,
+    DEFAULT_GATEWAY,
+    PORTAL_SWITCH,
+    Client,
+    Route,
+    gateway_intents,
+    heartbeat_ack_age,
+    point_library_at,
+)
 from channels.discord_outbound import SEND_ERRORS, Outbound
 from channels.discord_reader import Reader
 from channels.inbound import Inbound
@@ -67,74 +83,10 @@ from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 
-Route = discord.http.Route
-DiscordWebSocket = discord.gateway.DiscordWebSocket
-DEFAULT_API_BASE = Route.BASE
-DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
-IDENTIFY_DELAY = 5.0
-"""Seconds to wait before an IDENTIFY that is not the first (Discord allows one per 5 s)."""
-PORTAL_SWITCH = (
-    "Discord refused the privileged Message Content intent. Open "
-    "https://discord.com/developers/applications → your application → Bot → Privileged "
-    "Gateway Intents, switch on MESSAGE CONTENT INTENT, save, and start the gateway again")
-
 
 class DiscordChannelError(Exception):
-    """The channel cannot start (the token or the Message Content intent was refused)."""
-
-
-def gateway_intents() -> discord.Intents:
-    """Server messages, DMs and their content (privileged: the portal switch must be on)."""
-    intents = discord.Intents.none()
-    intents.guilds = True
-    intents.guild_messages = True
-    intents.dm_messages = True
-    intents.message_content = True
-    return intents
-
-
-def _point_library_at(api_base: str, gateway: yarl.URL) -> None:
-    """discord.py's REST base and gateway URL: class attributes, global to the process."""
-    Route.BASE = api_base
-    DiscordWebSocket.DEFAULT_GATEWAY = gateway
-
-
-def _heartbeat_ack_age(client: discord.Client) -> float | None:
-    """Seconds since the gateway last acknowledged a heartbeat; None when not connected.
-
-    discord.py keeps this on its keep-alive thread and offers no public hook for it.
-    """
-    keep_alive = getattr(client.ws, "_keep_alive", None) if client.ws is not None else None
-    last = getattr(keep_alive, "_last_ack", None)
-    return time.perf_counter() - last if isinstance(last, float) else None
-
-
-class _Client(discord.Client):
-    """discord.py's client with its events handed to the channel."""
-
-    def __init__(self, owner: DiscordChannel, **options: Any) -> None:
-        super().__init__(**options)
-        self._owner = owner
-
-    async def before_identify_hook(self, shard_id: int | None, *,
-                                   initial: bool = False) -> None:
-        if not initial:
-            await asyncio.sleep(IDENTIFY_DELAY)
-
-    async def on_connect(self) -> None:
-        await self._owner._gateway_up(resumed=False)
-
-    async def on_resumed(self) -> None:
-        await self._owner._gateway_up(resumed=True)
-
-    async def on_disconnect(self) -> None:
-        await self._owner._gateway_down()
-
-    async def on_message(self, message: discord.Message) -> None:
-        self._owner._received(message)
-
-    async def on_socket_event_type(self, event_type: str) -> None:
-        self._owner._saw_event()
+    """The channel cannot start (the token or the Message Content intent was refused, the
+    login answer could not be read)."""
 
 
 class DiscordChannel(StateWatch, ChannelBase):
@@ -164,7 +116,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self.pairing = PairingStore(store)
         self._sent = SentParts(store, NAME)
         self._filter = SecretFilter(self._token)
-        self._client: _Client | None = None
+        self._client: Client | None = None
         self._logged_in = False
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
@@ -190,6 +142,12 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._sessions = 0
         self.fatal: str | None = None
         self.last_event: datetime | None = None
+        self._live = Liveness(receive="gateway event", limit=config.watchdog, clock=clock,
+                              silence=False)
+        """A quiet server sends nothing: only a missing echo of our own message counts."""
+        self._echoed: OrderedDict[int, None] = OrderedDict()
+        """Ids of our own messages the gateway dispatched back (recent ones)."""
+        self._last_restart = clock()
         self.disconnects = 0
         self.resumes = 0
         self.catch_ups = 0
@@ -202,6 +160,7 @@ class DiscordChannel(StateWatch, ChannelBase):
             return
         self._stopped = False
         self.fatal = None
+        self._live.down(None)
         self._sessions = 0
         self._ready.clear()
         self._settled.clear()
@@ -248,12 +207,12 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._logged_in = False
         self._connected = False
         if self._pointed:
-            _point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
+            point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
             self._pointed = False
         self._filter.cover("discord", on=False)
         await self._notify()
 
-    async def _close_client(self, client: _Client) -> None:
+    async def _close_client(self, client: Client) -> None:
         try:
             async with asyncio.timeout(10.0):
                 await client.close()
@@ -265,11 +224,11 @@ class DiscordChannel(StateWatch, ChannelBase):
         if isinstance(ready_task, asyncio.Task):
             ready_task.cancel()
 
-    def _new_client(self) -> _Client:
+    def _new_client(self) -> Client:
         # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.
         discord.VoiceClient.warn_nacl = False
         discord.VoiceClient.warn_dave = False
-        return _Client(self, intents=gateway_intents(), chunk_guilds_at_startup=False,
+        return Client(self, intents=gateway_intents(), chunk_guilds_at_startup=False,
                        allowed_mentions=allowed_mentions(
                            allow_mentions=self.config.allow_mentions,
                            reply_ping=self.config.reply_ping))
@@ -282,17 +241,17 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     # --- the connection -------------------------------------------------------------------------
 
-    async def _login(self, client: _Client) -> None:
+    async def _login(self, client: Client) -> None:
         """Point discord.py at ``api_base`` (and that server's gateway), then log in."""
         base = self.config.api_base
-        _point_library_at(base, DEFAULT_GATEWAY)
+        point_library_at(base, DEFAULT_GATEWAY)
         self._pointed = base != DEFAULT_API_BASE
         await client.login(self._token)
         if self._pointed:
             data = await client.http.request(Route("GET", "/gateway"))
             if not isinstance(data, dict) or not isinstance(data.get("url"), str):
                 raise discord.GatewayNotFound()
-            _point_library_at(base, yarl.URL(data["url"]))
+            point_library_at(base, yarl.URL(data["url"]))
 
     async def _run(self) -> None:
         """Log in (retrying while Discord is unreachable), then discord.py's connect loop."""
@@ -314,8 +273,14 @@ class DiscordChannel(StateWatch, ChannelBase):
                     delay = backoff.next()
                     _log.warning("discord: cannot log in yet (%s: %s); retry in %.1fs",
                                  type(exc).__name__, exc, delay)
+                    self._live.down(f"cannot log in yet: {type(exc).__name__}: {exc}")
                     self._settled.set()  # the gateway need not wait for Discord to come back
                     await asyncio.sleep(delay)
+                except Exception as exc:  # an answer discord.py could not read
+                    await client.close()
+                    raise DiscordChannelError(
+                        f"Discord at {self.config.api_base} gave a malformed login answer "
+                        f"({type(exc).__name__}: {exc})") from None
             self._logged_in = True
             await client.connect(reconnect=True)
         except discord.PrivilegedIntentsRequired:
@@ -328,11 +293,12 @@ class DiscordChannel(StateWatch, ChannelBase):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            _log.exception("discord: the gateway connection failed")
-            await self._fail(f"the gateway connection failed: {type(exc).__name__}: {exc}")
+            await self._fail(f"the gateway connection failed: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
     async def _fail(self, error: str) -> None:
         self.fatal = error
+        self._live.down(error)
         self._connected = False
         self._settled.set()
         _log.error("discord: %s", error)
@@ -340,6 +306,7 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     async def _gateway_up(self, *, resumed: bool) -> None:
         self._connected = True
+        self._live.received()
         if resumed:
             self.resumes += 1
         else:
@@ -360,8 +327,14 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     def _saw_event(self) -> None:
         self.last_event = utcnow()
+        self._live.received()
 
     def _received(self, message: discord.Message) -> None:
+        user = self._client.user if self._client is not None else None
+        if user is not None and message.author.id == user.id:
+            self._echoed[message.id] = None
+            while len(self._echoed) > 1000:
+                self._echoed.popitem(last=False)
         if not self._stopped:
             self._reader.put(message)
 
@@ -373,10 +346,16 @@ class DiscordChannel(StateWatch, ChannelBase):
             client = self._client
             if client is None or not self._connected or client.ws is None:
                 continue
-            age = _heartbeat_ack_age(client)
-            if age is not None and age > limit:
-                _log.warning("discord: no heartbeat acknowledged for %.1fs; reconnecting", age)
+            age = heartbeat_ack_age(client)
+            deaf = self._live.stalled() and self._clock() - self._last_restart > limit
+            if (age is not None and age > limit) or deaf:
+                if deaf:
+                    _log.warning("discord: %s; reconnecting", self._live.state(True)[1])
+                else:
+                    _log.warning("discord: no heartbeat acknowledged for %.1fs; reconnecting",
+                                 age)
                 self.watchdog_restarts += 1
+                self._last_restart = self._clock()
                 try:
                     await client.ws.close(code=4000)
                 except Exception as exc:  # already closing: discord.py reconnects anyway
@@ -395,13 +374,18 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     def status(self) -> ChannelStatus:
         client = self._client
-        age = _heartbeat_ack_age(client) if client is not None and self._connected else None
-        stale = age is not None and age > self.config.watchdog
-        up = self._running and self._connected and not stale
+        age = heartbeat_ack_age(client) if client is not None and self._connected else None
+        state, reason = self._live.state(self._running)
+        if state != "down" and not self._connected:
+            state, reason = "down", "the gateway is not connected"
+        elif state == "connected" and age is not None and age > self.config.watchdog:
+            state, reason = "degraded", f"no heartbeat acknowledged for {age:.0f}s"
+        if self.fatal:
+            state, reason = "down", self.fatal
         latency = client.latency if client is not None and self._connected else math.inf
         detail: dict[str, object] = {
             "bot": self._bot_name(), "connected": self._running and self._connected,
-            "degraded": self._running and not up,
+            "degraded": self._running and state != "connected",
             "latency_ms": round(latency * 1000) if math.isfinite(latency) else None,
             "last_heartbeat_ack_s": round(age, 1) if age is not None else None,
             "last_event": iso(self.last_event),
@@ -410,12 +394,18 @@ class DiscordChannel(StateWatch, ChannelBase):
             "disconnects": self.disconnects, "resumes": self.resumes,
             "catch_ups": self.catch_ups, "watchdog_restarts": self.watchdog_restarts,
             "error": self.fatal}
-        return ChannelStatus(running=up, detail=detail)
+        return ChannelStatus(running=state == "connected", detail=detail, state=state,
+                             reason=reason)
 
     # --- outbound -------------------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> Delivery:
-        return await self._outbound.send(msg)
+        """Over REST; a new message should come back on the gateway (``_received``)."""
+        delivery = await self._outbound.send(msg)
+        if delivery.ok and self._connected and any(
+                i.isdigit() and int(i) not in self._echoed for i in delivery.message_ids):
+            self._live.expect_echo()
+        return delivery
 
     # --- typing ---------------------------------------------------------------------------------
 
@@ -436,4 +426,4 @@ class DiscordChannel(StateWatch, ChannelBase):
 def create(deps: ChannelDeps) -> DiscordChannel:
     """The gateway's factory for ``channels.discord``."""
     return DiscordChannel(deps.config.channels.discord, bus=deps.bus, store=deps.store,
-                          workspace=deps.config.workspace_path)
+                          workspace=deps.config.workspace_path, clock=deps.monotonic)

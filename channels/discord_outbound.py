@@ -6,7 +6,9 @@ message per file). Every part Discord accepted is recorded in ``SentParts`` befo
 sent, so a retry of the same ``OutboundMessage`` (after an error, or a restart) resumes at the
 first part not yet delivered. Each part also carries a ``nonce`` derived from the message's
 idempotency key with ``enforce_nonce``: when Discord created a message but its answer was lost
-on the way, the retry gets that message back instead of a second copy.
+on the way or could not be read, the retry gets that message back instead of a second copy,
+so a Discord send never has an unknown outcome (``Delivery.unknown``): it is checked, not
+guessed.
 
 The first part replies to the user's message (a message reference; the author is pinged only
 with ``reply_ping``), threads are answered in the thread, and ``allowed_mentions`` keeps the
@@ -94,6 +96,12 @@ class Outbound:
                 _log.warning("discord: part %d/%d to channel %s failed: %s", index + 1,
                              len(parts), target, delivery.error)
                 return delivery
+            except Exception as exc:  # an answer discord.py could not read
+                # The part may exist; its nonce makes the retry return it instead of a copy.
+                error = redact(f"malformed answer: {type(exc).__name__}: {exc}", self._secrets)
+                _log.warning("discord: part %d/%d to channel %s: %s; the retry is checked by "
+                             "its nonce", index + 1, len(parts), target, error)
+                return Delivery(ok=False, error=error)
             await self._sent.record(key, index, str(sent.id), msg.chat_id)
             done.append(str(sent.id))
             self.last_send_ok = utcnow()

@@ -6,7 +6,12 @@ shared inbound pipeline has stored its messages (or skipped it, or given up stor
 Updates that arrived while the gateway was down are fetched on start; on stop the last offset
 is confirmed to Telegram. A watchdog rebuilds the polling client (a new ``Bot`` and HTTP pool)
 when no ``getUpdates`` has *completed* for ``watchdog`` seconds, and ``status()`` says degraded
-meanwhile: a successful send never counts as a sign of life. ``mode: webhook`` serves
+meanwhile, with the reason (``common.Liveness``: the time of the last completed poll, which a
+rebuild does not reset); a successful send never counts as a sign of life. Only getMe must
+work before polling starts (a refused token, a malformed answer or an unreachable API fail
+the start with one line, and the gateway tries again later); the command menu and the webhook
+cleanup are optional calls retried in the background under their own names, so they never
+keep the bot from receiving. ``mode: webhook`` serves
 ``POST`` on ``webhook_url``'s path and answers 200 only after handling (503 while stopping, so
 Telegram retries); the secret token header is required, and stopping leaves the webhook
 registered so Telegram keeps updates for the next start.
@@ -36,11 +41,11 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from telegram import Bot, BotCommand, Message, Update, User
 from telegram.constants import ChatAction
-from telegram.error import InvalidToken, RetryAfter, TelegramError
+from telegram.error import InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
-from channels.common import SecretFilter, StateWatch, Typing, iso, redact
+from channels.common import Liveness, SecretFilter, StateWatch, Typing, iso, optional, redact
 from channels.http_api import listen
 from channels.inbound import Inbound
 from channels.incoming import Incoming
@@ -51,10 +56,11 @@ from channels.telegram_convert import (
     WORDING,
     access_rules,
     incoming,
+    never_sent,
     retry_seconds,
 )
 from channels.telegram_outbound import Outbound
-from gateway.kernel.backoff import Backoff
+from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import TelegramChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
@@ -70,7 +76,8 @@ _LOGGERS_WITH_URLS = ("telegram", "httpx", "httpcore")
 
 
 class TelegramChannelError(Exception):
-    """The channel cannot start (the token was refused, the webhook port is taken)."""
+    """The channel cannot start (the token was refused, getMe's answer was unreadable or did
+    not come, the webhook port is taken)."""
 
 
 class TelegramChannel(StateWatch, ChannelBase):
@@ -120,7 +127,12 @@ class TelegramChannel(StateWatch, ChannelBase):
         self._runner: web.AppRunner | None = None
         self._webhook_ok = False
         self._changed = asyncio.Condition()
-        self._last_poll = clock()
+        self._live = Liveness(receive="getUpdates", clock=clock,
+                              limit=config.watchdog if config.mode == "polling" else None)
+        self._last_restart = clock()
+        watchdog = config.watchdog
+        self._poll_policy = BackoffPolicy(base=min(0.5, watchdog / 16), cap=min(30.0, watchdog / 4))
+        """Failed polls are retried at least every quarter ``watchdog``: a return is seen soon."""
         self.last_poll_ok: datetime | None = None
         self.watchdog_restarts = 0
         self.webhook_port: int | None = None
@@ -138,34 +150,54 @@ class TelegramChannel(StateWatch, ChannelBase):
                    if polling else None)
 
     async def start(self) -> None:
-        """getMe first, so a wrong token stops the gateway with a clear message; an
-        unreachable Bot API does not (polling keeps trying, and health says degraded)."""
+        """getMe first (the bot's id and name, for mentions); when it fails the channel does
+        not start, with one line saying why (the gateway keeps running and tries again)."""
         if self._running:
             return
         self._stopped = False
         self._filter.cover(*_LOGGERS_WITH_URLS)
         await self.pairing.setup()
         await self._sent.setup()
+        self._live.watching()
         try:
             await self._bot.initialize()
             self._me = self._bot.bot
-        except InvalidToken:
+        except Exception as exc:
             await self._close_bot()
-            raise TelegramChannelError(
-                f"channels.telegram.token was refused by the Bot API at {self.config.base_url} "
-                "(check the token @BotFather gave you)") from None
-        except TelegramError as exc:
-            _log.warning("telegram: Bot API not reachable yet (%s); will keep trying",
-                         self._redact(exc.message))
+            raise TelegramChannelError(self._start_error(exc)) from None
         self._running = True
-        self._last_poll = self._clock()
+        self._last_restart = self._clock()
+        self._tasks.spawn(optional("setMyCommands", self._set_commands, clean=self._redact,
+                                   label="telegram: "), "telegram-commands")
         if self.config.mode == "webhook":
             await self._start_webhook()
         else:
+            self._tasks.spawn(optional("deleteWebhook", self._delete_webhook,
+                                       clean=self._redact, label="telegram: "),
+                              "telegram-delete-webhook")
             self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
             self._tasks.spawn(self._watchdog(), "telegram-watchdog")
         _log.info("telegram channel started (%s)%s", self.config.mode,
                   f" as @{self._me.username}" if self._me else "")
+
+    def _start_error(self, exc: Exception) -> str:
+        where = f"the Bot API at {self.config.base_url}"
+        if isinstance(exc, InvalidToken):
+            return (f"channels.telegram.token was refused by {where} (check the token "
+                    "@BotFather gave you)")
+        if isinstance(exc, NetworkError) and never_sent(exc):
+            return f"{where} is not reachable (getMe: {self._redact(exc.message)})"
+        if isinstance(exc, TelegramError):
+            return f"getMe failed at {where}: {self._redact(exc.message)}"
+        text = self._redact(str(exc)).splitlines()[0] if str(exc) else ""
+        return f"{where} gave a malformed getMe answer ({type(exc).__name__}: {text})"
+
+    async def _set_commands(self) -> None:
+        await self._bot.set_my_commands(
+            [BotCommand(n, d[:256]) for n, d in self._commands.items()])
+
+    async def _delete_webhook(self) -> None:
+        await self._bot.delete_webhook(drop_pending_updates=False)
 
     async def stop(self) -> None:
         """Safe to call twice, and on a channel that never started (the log filter goes)."""
@@ -200,56 +232,58 @@ class TelegramChannel(StateWatch, ChannelBase):
         return redact(text, (self._token,))
 
     def status(self) -> ChannelStatus:
-        polling = self.config.mode == "polling"
-        stale = self._running and polling and \
-            self._clock() - self._last_poll > self.config.watchdog
-        degraded = stale or (self._running and (self._me is None or
-                                                 (not polling and not self._webhook_ok)))
+        state, reason = self._live.state(self._running)
+        if state == "connected" and self.config.mode == "webhook" and not self._webhook_ok:
+            state, reason = "degraded", "setWebhook has not worked yet"
         detail: dict[str, object] = {
             "mode": self.config.mode, "bot": f"@{self._me.username}" if self._me else None,
-            "degraded": degraded, "last_poll_ok": iso(self.last_poll_ok),
+            "degraded": state == "degraded", "last_poll_ok": iso(self.last_poll_ok),
             "last_inbound": iso(self._inbound.last_inbound),
             "last_send_ok": iso(self._outbound.last_send_ok),
             "watchdog_restarts": self.watchdog_restarts, "offset": self._offset}
-        return ChannelStatus(running=self._running and not stale, detail=detail)
+        return ChannelStatus(running=state == "connected", detail=detail, state=state,
+                             reason=reason)
 
     # --- polling and the watchdog ---------------------------------------------------------------
 
-    async def _bootstrap(self, bot: Bot) -> None:
-        """getMe (for mention detection), then the command menu; every (re)connect."""
-        await bot.initialize()
-        self._me = bot.bot
-        if self.config.mode == "polling":
-            await bot.delete_webhook(drop_pending_updates=False)
-        commands = [BotCommand(n, d[:256]) for n, d in self._commands.items()]
-        await bot.set_my_commands(commands)
-
     async def _poll(self) -> None:
+        """getMe on a fresh client, then getUpdates until cancelled; a failure of either is
+        logged under its own name and retried with the kernel's backoff."""
         bot = self._new_bot(polling=True)
-        backoff = Backoff()
+        backoff = Backoff(self._poll_policy)
         timeout = timedelta(seconds=self.config.poll_timeout)
         ready = False
         try:
             while True:
                 if self._bus.closed:  # stopping: park until cancelled, fetch nothing more
                     await asyncio.get_running_loop().create_future()
+                call = "getUpdates" if ready else "getMe"
                 try:
                     if not ready:
-                        await self._bootstrap(bot)
+                        await bot.initialize()
+                        self._me = bot.bot
                         ready = True
+                        call = "getUpdates"
                     updates = await bot.get_updates(offset=self._offset, timeout=timeout,
                                                     allowed_updates=ALLOWED_UPDATES)
                 except RetryAfter as exc:
-                    await asyncio.sleep(retry_seconds(exc))
+                    await asyncio.sleep(backoff.next(retry_seconds(exc)))
                     continue
                 except TelegramError as exc:
                     delay = backoff.next()
-                    _log.warning("telegram: getUpdates failed (%s: %s); retry in %.1fs",
+                    _log.warning("telegram: %s failed (%s: %s); retry in %.1fs", call,
                                  type(exc).__name__, self._redact(exc.message), delay)
                     await asyncio.sleep(delay)
                     continue
+                except Exception as exc:  # an answer PTB could not read
+                    delay = backoff.next()
+                    _log.warning("telegram: %s gave a malformed answer (%s: %s); retry in "
+                                 "%.1fs", call, type(exc).__name__, self._redact(str(exc)),
+                                 delay)
+                    await asyncio.sleep(delay)
+                    continue
                 backoff.reset()
-                self._last_poll = self._clock()
+                self._live.received()
                 self.last_poll_ok = utcnow()
                 await self._notify()
                 await self._process(updates)
@@ -270,10 +304,11 @@ class TelegramChannel(StateWatch, ChannelBase):
             await asyncio.sleep(interval)
             if self._bus.closed:
                 continue
-            stalled = self._clock() - self._last_poll > self.config.watchdog
+            quiet_restart = self._clock() - self._last_restart > self.config.watchdog
+            stalled = self._live.stalled() and quiet_restart
             if stalled or self._poller is None or self._poller.done():
                 _log.warning("telegram: no getUpdates completed for %.0fs; rebuilding polling",
-                             self._clock() - self._last_poll)
+                             self._live.silent_for() or 0.0)
                 await self._restart_polling()
 
     async def _restart_polling(self) -> None:
@@ -282,7 +317,7 @@ class TelegramChannel(StateWatch, ChannelBase):
             old.cancel()
             await asyncio.gather(old, return_exceptions=True)
         self.watchdog_restarts += 1
-        self._last_poll = self._clock()
+        self._last_restart = self._clock()  # paces the restarts; health never looks at it
         self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
         await self._notify()
 
@@ -301,15 +336,14 @@ class TelegramChannel(StateWatch, ChannelBase):
         backoff = Backoff()
         while not self._webhook_ok:
             try:
-                await self._bootstrap(self._bot)
                 await self._bot.set_webhook(url=url, secret_token=self._webhook_secret,
                                             allowed_updates=ALLOWED_UPDATES,
                                             drop_pending_updates=False)
                 self._webhook_ok = True
-            except TelegramError as exc:
+            except Exception as exc:
                 delay = backoff.next()
-                _log.warning("telegram: setWebhook failed (%s); retry in %.1fs",
-                             self._redact(exc.message), delay)
+                _log.warning("telegram: setWebhook failed (%s: %s); retry in %.1fs",
+                             type(exc).__name__, self._redact(str(exc)), delay)
                 await asyncio.sleep(delay)
         await self._notify()
 
@@ -327,6 +361,7 @@ class TelegramChannel(StateWatch, ChannelBase):
             return web.Response()
         if not await self._handle_update(update):
             return web.Response(status=503)
+        self._live.received()
         self._seen_updates[update.update_id] = None
         while len(self._seen_updates) > 10_000:
             self._seen_updates.popitem(last=False)
@@ -374,4 +409,4 @@ class TelegramChannel(StateWatch, ChannelBase):
 def create(deps: ChannelDeps) -> TelegramChannel:
     """The gateway's factory for ``channels.telegram``."""
     return TelegramChannel(deps.config.channels.telegram, bus=deps.bus, store=deps.store,
-                           media_dir=deps.data_path / "media" / NAME)
+                           media_dir=deps.data_path / "media" / NAME, clock=deps.monotonic)

@@ -14,14 +14,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+import httpx
 from telegram import Chat, Message, MessageEntity, User
 from telegram.error import (
     BadRequest,
     ChatMigrated,
     Forbidden,
     InvalidToken,
+    NetworkError,
     RetryAfter,
     TelegramError,
+    TimedOut,
 )
 
 from channels.access import AccessRules
@@ -350,4 +353,14 @@ def map_errors(exc: TelegramError, secrets: Iterable[str] = ()) -> Delivery:
         return Delivery(ok=False, error=text, retry_after=retry_seconds(exc))
     if isinstance(exc, Forbidden | InvalidToken | ChatMigrated | BadRequest):
         return Delivery(ok=False, error=text, permanent=True)  # blocked, gone, or malformed
-    return Delivery(ok=False, error=text)  # TimedOut, NetworkError, ...: worth another try
+    if isinstance(exc, TimedOut | NetworkError) and not never_sent(exc):
+        return Delivery(ok=False, error=text, unknown=True)  # Telegram may have the message
+    return Delivery(ok=False, error=text)  # not sent, or refused: worth another try
+
+
+def never_sent(exc: TelegramError) -> bool:
+    """The request certainly did not reach Telegram: no connection was made (PTB keeps the
+    httpx error as the cause). A read timeout or a connection lost while waiting for the
+    answer leaves the outcome unknown."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout |
+                      httpx.PoolTimeout)

@@ -2,7 +2,9 @@
 shared inbound pipeline makes on Telegram (``PlatformIO``): notices and downloading a file.
 
 A reply is planned into parts (``plan_parts``: chunks of HTML, then media), and every part that
-Telegram accepted is recorded in ``SentParts`` before the next is sent. A retry of the same
+Telegram accepted is recorded in ``SentParts`` before the next is sent; a part whose "ok"
+answer PTB could not read counts as accepted (its id unknown), and one whose answer never came
+is reported as an unknown outcome (``Delivery.unknown``: resent at most once). A retry of the same
 ``OutboundMessage`` (after a 429, a network error, or a restart) resumes at the first part not
 yet delivered, so no part is ever sent twice. A chunk whose HTML Telegram refuses is resent as
 plain text; in groups the first part quotes the user's message; topics get their thread id.
@@ -42,6 +44,11 @@ from gateway.kernel.values import Delivery
 
 _log = logging.getLogger(__name__)
 
+UNREADABLE_ANSWER = (TypeError, KeyError, ValueError, AttributeError)
+"""What python-telegram-bot raises when a successful answer lacks what its objects need."""
+UNKNOWN_ID = "unknown"
+"""The id recorded for a part Telegram accepted without a readable answer."""
+
 
 class _Where(TypedDict):
     message_thread_id: int | None
@@ -66,9 +73,18 @@ class Outbound:
                 message_id = await self._send_part(msg, parts[index], first=index == 0)
             except TelegramError as exc:
                 delivery = map_errors(exc, self._secrets)
-                _log.warning("telegram: part %d/%d to chat %s failed: %s", index + 1,
-                             len(parts), msg.chat_id, delivery.error)
+                _log.warning("telegram: part %d/%d to chat %s failed%s: %s", index + 1,
+                             len(parts), msg.chat_id,
+                             " (it may have arrived)" if delivery.unknown else "",
+                             delivery.error)
                 return delivery
+            except UNREADABLE_ANSWER as exc:
+                # PTB raises its own errors for every refusal and network failure; this is an
+                # "ok" answer it could not read: Telegram has the message, do not send it again.
+                _log.warning("telegram: part %d/%d to chat %s was accepted but the answer was "
+                             "malformed (%s: %s); counted as delivered", index + 1, len(parts),
+                             msg.chat_id, type(exc).__name__, redact(str(exc), self._secrets))
+                message_id = UNKNOWN_ID
             await self._sent.record(key, index, message_id, msg.chat_id)
             done.append(message_id)
             self.last_send_ok = utcnow()

@@ -13,6 +13,7 @@ import importlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.loop import AgentLoop
@@ -21,9 +22,9 @@ from agent.subagent import SubagentManager
 from agent.tools import build_registry
 from agent.tools.exec_access import ExecAccess, GatewayFiles, resolve_exec_access
 from agent.turn import TurnServices
-from channels.base import Channel, ChannelDeps
+from channels.base import Channel, ChannelDeps, ChannelStatus
 from gateway.cron import CronScheduler
-from gateway.delivery import ChannelManager
+from gateway.delivery import ChannelManager, ChannelStats
 from gateway.heartbeat import Heartbeat
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
@@ -47,10 +48,12 @@ CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
 class Gateway:
     def __init__(self, config: Config, *, configured_channels: bool = True,
                  channels: list[Channel] | None = None, grace: float | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """``configured_channels=False`` starts none of the config's channels (``parley chat``
         must not poll a bot a running gateway already polls), nor cron and heartbeat;
-        ``channels`` adds adapters; ``clock`` is what schedules run on (tests move it)."""
+        ``channels`` adds adapters; ``clock`` is what schedules run on and ``monotonic``
+        what the channels' watchdogs and health do (tests move them)."""
         self.config = config
         register_secrets(config)
         self.grace = config.agent.shutdown_grace if grace is None else grace
@@ -68,6 +71,7 @@ class Gateway:
         self._warm_up: asyncio.Task[None] | None = None
         self._dead_before = 0
         self.clock: Clock = clock or SystemClock()
+        self.monotonic = monotonic
         self.cron: CronScheduler | None = None
         self.heartbeat: Heartbeat | None = None
         self.mcp: MCPManager | None = None
@@ -185,7 +189,8 @@ class Gateway:
         if not self._configured or self.store is None:
             return []
         deps = ChannelDeps(config=self.config, bus=self.bus, store=self.store,
-                           data_path=self.config.data_path, health=self.health)
+                           data_path=self.config.data_path, health=self.health,
+                           monotonic=self.monotonic)
         out: list[Channel] = []
         for name in CONFIGURED_CHANNELS:
             section = getattr(self.config.channels, name, None)
@@ -246,20 +251,20 @@ class Gateway:
             status = channel.status()
             stats = self.manager.stats[name]
             last_in = self.bus.last_inbound.get(name)
-            failing = bool(stats.recent_errors) and (stats.last_send_ok is None or
-                                                     stats.failed_tries > stats.sent)
+            state, reason = channel_state(status, stats, self.manager.down.get(name))
             channels[name] = {
-                "running": status.running,
-                "state": "down" if not status.running else
-                ("degraded" if failing or status.detail.get("degraded") else "connected"),
                 "last_inbound": last_in.isoformat() if last_in else None,
                 "last_send_ok": stats.last_send_ok.isoformat() if stats.last_send_ok else None,
                 "sent": stats.sent, "outbox_pending": self.manager.pending(name),
                 "dead_letters": stats.dead, "recent_errors": list(stats.recent_errors),
                 **status.detail,
+                "running": status.running and state != "down",
+                "state": state, "reason": reason,
             }
         agent = self.agent
+        healthy = all(c["state"] == "connected" for c in channels.values())
         return {
+            "status": "ok" if healthy else "degraded",
             "gateway": self._state,
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
@@ -292,3 +297,24 @@ class Gateway:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def channel_state(status: ChannelStatus, stats: ChannelStats,
+                  down: str | None) -> tuple[str, str | None]:
+    """A channel's state and its reason, from what completed: a start that failed (the
+    manager's ``down``), the channel's own receive-side view, then the sends."""
+    if down is not None:
+        return "down", down
+    if status.state is not None:
+        state, reason = status.state, status.reason
+    elif not status.running:
+        state, reason = "down", status.reason or "not running"
+    elif status.detail.get("degraded"):
+        state, reason = "degraded", status.reason
+    else:
+        state, reason = "connected", None
+    failing = bool(stats.recent_errors) and (stats.last_send_ok is None or
+                                             stats.failed_tries > stats.sent)
+    if state == "connected" and failing:
+        state, reason = "degraded", f"sends failing: {stats.recent_errors[-1]}"
+    return state, reason

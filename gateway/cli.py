@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync, with_store
 from gateway.cli_cron import cron_app
@@ -218,11 +219,13 @@ def status(config_path: ConfigOpt = None) -> None:
                   f"{health.get('turns_done', 0)} turn(s) answered, "
                   f"{health.get('busy_sessions', 0)} busy session(s), "
                   f"{health.get('queued_messages', 0)} waiting message(s)", highlight=False)
+        out.print(f"health:   {health.get('status', 'ok')}", highlight=False)
         out.print(f"outbox:   {health.get('outbox_pending', 0)} pending, "
                   f"{health.get('dead_letters', 0)} dead letter(s)", highlight=False)
         table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")
         for name, ch in (health.get("channels") or {}).items():
-            table.add_row(name, str(ch.get("state", "?")), _short_time(ch.get("last_inbound")),
+            state = str(ch.get("state", "?")) + (f" ({ch['reason']})" if ch.get("reason") else "")
+            table.add_row(name, Text(state), _short_time(ch.get("last_inbound")),
                           _short_time(ch.get("last_send_ok")), str(ch.get("outbox_pending", 0)),
                           str(ch.get("dead_letters", 0)))
         out.print(table)

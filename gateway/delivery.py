@@ -7,6 +7,15 @@ channel. A failed send is retried with jittered exponential backoff (a channel's
 dead-lettered. On start, undelivered messages from the last run are sent first; a delivered
 one is never sent again. ``deliver_now`` (the message tool) takes the same path with a short
 deadline and a few tries, and returns what happened.
+
+A send whose outcome is unknown (``Delivery.unknown``: the request went out, no readable answer
+came back) is resent at most once, and the log and the outbox say so; a second unknown outcome
+is dead-lettered as "may have been delivered" rather than risk a third copy. Channels that can
+check first (Discord's nonce) never report unknown: their resends are safe.
+
+A channel that cannot start (a refused token, a malformed answer, the platform unreachable) is
+marked down with a one-line reason (``down``) and started again in the background with the
+kernel's backoff; the gateway and its other channels keep running.
 """
 
 from __future__ import annotations
@@ -18,16 +27,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from channels.base import Channel
-from gateway.kernel.backoff import BackoffPolicy
+from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DeliveryConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
 from gateway.kernel.store import Store
+from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints, Delivery
 
 _log = logging.getLogger(__name__)
 
 RECENT_ERRORS = 10
+RESTART_POLICY = BackoffPolicy(base=1.0, cap=60.0)
+"""How often a channel that could not start is tried again."""
 
 
 @dataclass(slots=True)
@@ -51,6 +63,8 @@ class _Job:
     within: float | None = None
     """``deliver_now``'s caller waits this long at most: a send may not run past
     ``expires_at`` either."""
+    unknown: int = 0
+    """Sends whose outcome was unknown so far (the message is resent after the first only)."""
 
     def exhausted(self, delay: float) -> bool:
         """Out of tries, or would the next one, ``delay`` seconds from now, come too late?"""
@@ -78,6 +92,9 @@ class ChannelManager:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.down: dict[str, str] = {}
+        """Channels that could not start, with the reason; they are tried again meanwhile."""
+        self._restarts = TaskSet()
         bus.on_activity(self._activity)
 
     # channels ------------------------------------------------------------------------------
@@ -97,17 +114,42 @@ class ChannelManager:
             channel.activity(event)
 
     async def start_channels(self) -> None:
-        started: list[Channel] = []
+        """Start each channel; one that cannot start is marked down and retried in the
+        background, and the others start all the same."""
+        for name, channel in self.channels.items():
+            if not await self._start_one(name, channel):
+                self._restarts.spawn(self._keep_starting(name, channel), f"channel-start:{name}")
+
+    async def _start_one(self, name: str, channel: Channel) -> bool:
         try:
-            for channel in self.channels.values():
-                await channel.start()
-                started.append(channel)
-        except BaseException:
-            for channel in reversed(started):
-                await channel.stop()
-            raise
+            await channel.start()
+        except Exception as exc:
+            reason = one_line(exc)
+            first = name not in self.down
+            self.down[name] = reason
+            _log.log(logging.ERROR if first else logging.WARNING,
+                     "channel %s could not start: %s", name, reason)
+            try:
+                await channel.stop()  # release what the failed start took
+            except Exception as stop_exc:
+                _log.warning("channel %s: cleaning up after the failed start: %s", name,
+                             one_line(stop_exc))
+            return False
+        if self.down.pop(name, None) is not None:
+            _log.info("channel %s started after all", name)
+        return True
+
+    async def _keep_starting(self, name: str, channel: Channel) -> None:
+        backoff = Backoff(RESTART_POLICY)
+        while True:
+            await asyncio.sleep(backoff.next())
+            if self.bus.closed:
+                return
+            if await self._start_one(name, channel):
+                return
 
     async def stop_channels(self) -> None:
+        await self._restarts.cancel_all()
         for name, channel in reversed(list(self.channels.items())):
             try:
                 await channel.stop()
@@ -246,9 +288,19 @@ class ChannelManager:
             if not job.durable:
                 return delivery
             delay = self._backoff(job.attempts, delivery.retry_after)
+            if delivery.unknown:
+                job.unknown += 1
+                if job.unknown > 1:
+                    error = f"outcome unknown twice, not sent again (it may have arrived): {error}"
+                    await self._dead(job, error)
+                    return delivery
             if delivery.permanent or job.exhausted(delay):
                 await self._dead(job, error)
                 return delivery
+            if delivery.unknown:
+                _log.warning("channel %s: the send to %s may have arrived (%s); resending it "
+                             "once only", channel.name, job.msg.chat_id, error)
+                error = f"outcome unknown, resent once: {error}"
             if self.store is not None:
                 await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
                                                attempts=job.attempts, error=error)
@@ -265,7 +317,7 @@ class ChannelManager:
         except TimeoutError as exc:
             if timer.expired():
                 return Delivery(ok=False, error=f"no answer from {channel.name} within "
-                                                f"{job.within:g}s")
+                                                f"{job.within:g}s", unknown=True)
             return _raised(channel, exc)
         except Exception as exc:
             return _raised(channel, exc)
@@ -296,5 +348,16 @@ class ChannelManager:
 
 
 def _raised(channel: Channel, exc: Exception) -> Delivery:
-    _log.exception("channel %s raised while sending", channel.name)
-    return Delivery(ok=False, error=f"{type(exc).__name__}: {exc}")
+    """A send that raised instead of reporting: whether the platform has the message is not
+    known, so it counts as an unknown outcome (resent at most once)."""
+    _log.error("channel %s raised while sending: %s", channel.name, one_line(exc))
+    return Delivery(ok=False, error=one_line(exc), unknown=True)
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one line for health and the log: its message, or its type when bare."""
+    text = str(exc).strip()
+    if not text or isinstance(exc, (TypeError, KeyError, ValueError, AttributeError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= limit else line[:limit - 1] + "…"

@@ -21,6 +21,10 @@ class Delivery:
     retry_after: float | None = None
     permanent: bool = False
     """True when trying again cannot help (chat gone, bot blocked)."""
+    unknown: bool = False
+    """The platform may have the message: the request went out, but no readable answer came
+    back (a timeout after sending, a connection lost while waiting). The delivery workers
+    resend such a message at most once, and say so, rather than until it is delivered."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -98,6 +98,7 @@ async def test_updates_from_while_we_were_down_are_read_and_confirmed_on_stop(
     bus = MessageBus()
     channel = await make_channel(bus)
     assert (await next_inbound(bus)).text == "sent while the gateway was down"
+    await tg.wait_for(lambda: tg.commands is not None)  # set alongside polling, not before
     assert [c["command"] for c in tg.commands or []] == list(COMMAND_DESCRIPTIONS)
     await channel.stop()
     assert tg.updates == []  # the stop confirmed the offset: a restart will not re-read it

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import channels.discord as discord_channel
+import channels.discord_library as discord_library
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.conftest import MakeConfig
@@ -329,7 +330,7 @@ async def test_a_dropped_gateway_loses_nothing(gateway: Gateway, dc: FakeDiscord
 async def test_a_fresh_session_reads_back_what_it_missed(
         gateway: Gateway, dc: FakeDiscord, llm: ScriptedLLM, world: dict[str, Any],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(discord_channel, "IDENTIFY_DELAY", 0.0)
+    monkeypatch.setattr(discord_library, "IDENTIFY_DELAY", 0.0)
     channel = channel_of(gateway)
     dm = dc.dm_channel(world["ada"])
     llm.reply("one").reply("two")
@@ -384,10 +385,11 @@ async def test_unacknowledged_heartbeats_reconnect(make_config: MakeConfig,
 async def test_refused_message_content_intent_names_the_switch(
         make_config: MakeConfig, dc: FakeDiscord, world: dict[str, Any]) -> None:
     dc.privileged_intents = False
-    gw = Gateway(discord_config(make_config, dc), grace=2.0)
-    with pytest.raises(discord_channel.DiscordChannelError, match="MESSAGE CONTENT INTENT"):
-        await gw.start()
-    await gw.stop()
+    async with Gateway(discord_config(make_config, dc), grace=2.0) as gw:
+        health = gw.health()  # the gateway runs on; the channel is down and says why
+        assert health["status"] == "degraded"
+        assert health["channels"]["discord"]["state"] == "down"
+        assert "MESSAGE CONTENT INTENT" in health["channels"]["discord"]["reason"]
 
 
 def leftovers() -> list[str]:

@@ -98,6 +98,7 @@ class DiscordGateway(DiscordState):
 
     async def _identify(self, conn: Connection, data: JSON) -> None:
         self.identifies.append(data)
+        self.deaf = False  # deafness is the old connection's
         if data.get("token") != self.token:
             await conn.ws.close(code=4004, message=b"Authentication failed.")
             return
@@ -119,6 +120,7 @@ class DiscordGateway(DiscordState):
 
     async def _resume(self, conn: Connection, data: JSON) -> None:
         self.resumes.append(data)
+        self.deaf = False  # deafness is the old connection's
         if data.get("token") != self.token:
             await conn.ws.close(code=4004, message=b"Authentication failed.")
             return

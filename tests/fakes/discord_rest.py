@@ -61,6 +61,11 @@ class DiscordRest(DiscordState):
             queue.append(Failure(status, body, retry_after if status == 429 else None,
                                  drop, after_commit))
 
+    def malform_next(self, route: str, missing: str, *, times: int = 1) -> None:
+        """The next ``times`` calls of ``route`` do their work (a message is created) but
+        answer 200 with a body that lacks the field ``missing``."""
+        self._malformed.setdefault(route, deque()).extend([missing] * times)
+
     # -- routing --------------------------------------------------------------------------------
 
     _ROUTES: tuple[tuple[str, str, str], ...] = (
@@ -109,6 +114,10 @@ class DiscordRest(DiscordState):
             result = await getattr(self, f"_r_{name}")(request, *ids)
             if failure is not None:
                 return self._fail(request, failure)
+            malformed = self._malformed.get(name)
+            if malformed and isinstance(result, dict):
+                missing = malformed.popleft()
+                result = {k: v for k, v in result.items() if k != missing}
             if result is None:
                 return web.Response(status=204)
             return _json(200, result)

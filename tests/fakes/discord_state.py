@@ -130,6 +130,11 @@ class DiscordState:
         self.gateway_open = True
         """False: new gateway connections are refused with 503, as in an outage."""
         self._nonces: dict[tuple[int, str], int] = {}
+        self._malformed: dict[str, deque[str]] = {}
+        self.deaf = False
+        """True: this connection stops dispatching (heartbeats are still acknowledged) until
+        the client connects again; the events are kept for a RESUME, as Discord keeps a
+        session's missed events."""
 
     @property
     def root(self) -> str:
@@ -287,7 +292,7 @@ class DiscordState:
         self._seq += 1
         payload = {"op": 0, "t": event, "s": self._seq, "d": data}
         self._events.append((self._seq, payload))
-        if self._conn is not None:
+        if self._conn is not None and not self.deaf:
             self._conn.put(payload)
 
     # -- inspecting -----------------------------------------------------------------------------

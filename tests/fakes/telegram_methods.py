@@ -51,6 +51,19 @@ class TelegramMethods(TelegramState):
         for _ in range(times):
             queue.append(Failure(status, description, retry_after, drop))
 
+    def malform_next(self, method: str, missing: str, *, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` do their work (a message is stored) but
+        answer ``ok`` with a result that lacks the field ``missing``."""
+        self._malformed.setdefault(method, deque()).extend([missing] * times)
+
+    async def set_gone(self, gone: bool) -> None:
+        """The API goes away (True: every call's connection closes unanswered, counted in
+        ``gone_calls``) or comes back."""
+        async with self._changed:
+            self.gone = gone
+            self._poll_generation += 1  # a long poll in flight ends too
+            self._changed.notify_all()
+
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -63,6 +76,11 @@ class TelegramMethods(TelegramState):
         params, files = await _params(request)
         self.calls.append((method, params))
         try:
+            if self.gone:  # the API went away: every connection closes without an answer
+                self.gone_calls[method] = self.gone_calls.get(method, 0) + 1
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
             failures = self._failures.get(method)
             if failures:
                 failure = failures.popleft()
@@ -73,6 +91,10 @@ class TelegramMethods(TelegramState):
                 extra = {"retry_after": failure.retry_after} if failure.retry_after else None
                 return _error(failure.status, failure.description, extra)
             result = await handler(params, files)
+            malformed = self._malformed.get(method)
+            if malformed and isinstance(result, dict):
+                missing = malformed.popleft()
+                result = {k: v for k, v in result.items() if k != missing}
         except ApiError as exc:
             return _error(exc.code, exc.description, exc.parameters)
         finally:

@@ -17,7 +17,10 @@ updates to the webhook URL), sendMessage and editMessageText (empty text, over 4
 units after entity parsing, and HTML Telegram cannot parse are refused with its wording),
 sendChatAction, sendPhoto/sendDocument (multipart uploads, file ids or URLs), getFile and file
 downloads, setMyCommands/getMyCommands. ``fail_next()`` injects 429 with ``retry_after``, 5xx
-or a dropped connection; ``stall_updates`` makes getUpdates hang like a dead connection.
+or a dropped connection; ``stall_updates`` makes getUpdates hang like a dead connection;
+``malform_next()`` does a call's work but answers ``ok`` without a required field (a server
+that differs from Telegram's); ``set_gone(True)`` takes the whole API away until
+``set_gone(False)``, counting the calls that found it gone.
 
 The fake is put together from ``telegram_state`` (chats, updates, files, what the bot sent,
 the waits), ``telegram_methods`` (the Bot API) and ``telegram_html`` (the HTML parse mode);

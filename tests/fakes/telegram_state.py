@@ -89,6 +89,11 @@ class TelegramState:
         """While True, getUpdates never answers (a long poll on a dead connection)."""
         self.completed_polls = 0
         self.stalled_polls = 0
+        self.gone = False
+        """While True, every call's connection closes without an answer (``set_gone``)."""
+        self.gone_calls: dict[str, int] = {}
+        """Calls per method that found the API gone."""
+        self._malformed: dict[str, deque[str]] = {}
 
     @property
     def root(self) -> str:

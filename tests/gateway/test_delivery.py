@@ -92,3 +92,21 @@ async def test_a_send_that_hangs_is_cut_off_at_the_deadline(manager: ChannelMana
     assert (delivery.ok, delivery.error) == (False, "no answer from platform within 0.2s")
     assert platform(manager).tries == 1  # no time was left for another try
     assert await status(manager, m) == ("dead", 1, "no answer from platform within 0.2s")
+
+
+async def test_an_unknown_outcome_is_resent_once(manager: ChannelManager) -> None:
+    platform(manager).results = [Delivery(ok=False, error="read timed out", unknown=True)]
+    m = msg()
+    assert (await manager.deliver_now(m)).ok
+    assert platform(manager).tries == 2 and [s.text for s in platform(manager).sent] == ["hi"]
+    assert await status(manager, m) == ("delivered", 2, None)
+
+
+async def test_a_second_unknown_outcome_is_not_resent(manager: ChannelManager) -> None:
+    platform(manager).results = [Delivery(ok=False, error="read timed out", unknown=True)] * 2
+    m = msg()
+    delivery = await manager.deliver_now(m, attempts=5)
+    assert not delivery.ok and platform(manager).tries == 2  # the try and one resend, no more
+    state, attempts, error = await status(manager, m)
+    assert (state, attempts) == ("dead", 2)
+    assert error is not None and error.startswith("outcome unknown twice")
