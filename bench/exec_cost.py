@@ -32,7 +32,8 @@ async def measure(root: Path, n: int) -> dict[str, Any]:
     if access.state == "sandboxed" and access.runner is not None:
         runners["sandboxed"] = access.runner
     ctx = TurnContext(message=InboundMessage(channel="local", chat_id="bench", sender_id="b",
-                                             text="", received_at=datetime.now(UTC)),
+                                             text="", received_at=datetime.now(UTC),
+                                             trust="owner"),  # only the owner may run exec
                       session_id=1, workspace=workspace)
     for name, runner in runners.items():
         registry = ToolRegistry([exec_tool(runner)])
