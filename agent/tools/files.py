@@ -46,23 +46,26 @@ def resolve_in_workspace(workspace: Path, path: str, *, restrict: bool = True) -
     return target
 
 
-PRIVATE_NAMES = frozenset({"MEMORY.md", "USER.md", "memory"})
-"""The owner's facts and everyone's notes, at the top of the workspace: only the owner's tools
-open them (the memory tool reads a person's own notes for them)."""
+PUBLIC_FOLDERS = frozenset({"skills", "shared"})
+"""The workspace is the owner's: anyone else's file tools reach only these folders at its top
+(the skills, and whatever the owner puts in ``shared/`` for everyone). MEMORY.md, USER.md,
+``memory/`` and the owner's other files stay out of their reach (the memory tool reads a
+person's own notes for them)."""
 
 
 def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
-    """``path`` for this turn's sender: anyone but the owner stays inside the workspace and
-    out of its private files, whatever ``restrict_to_workspace`` says (``restrict``: the
-    owner too)."""
+    """``path`` for this turn's sender: anyone but the owner stays inside the workspace's
+    public folders, whatever ``restrict_to_workspace`` says (``restrict``: the owner stays in
+    the workspace too)."""
     owner = ctx.access.trust == "owner"
     restrict = restrict or ctx.tools.files.restrict_to_workspace or not owner
     target = resolve_in_workspace(ctx.workspace, path, restrict=restrict)
     if not owner:
         rel = target.relative_to(ctx.workspace.expanduser().resolve())
-        if rel.parts and rel.parts[0] in PRIVATE_NAMES:
-            raise ToolError(f"{path} is private to the owner (memory and the owner's files); "
-                            "it cannot be opened in this conversation")
+        if not rel.parts or rel.parts[0] not in PUBLIC_FOLDERS:
+            raise ToolError(f"{path} is private to the owner; in this conversation only "
+                            f"{' and '.join(sorted(f'{f}/' for f in PUBLIC_FOLDERS))} of the "
+                            "workspace can be opened")
     return target
 
 
