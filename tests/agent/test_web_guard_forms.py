@@ -154,25 +154,27 @@ class Recorder:
         return web.Response(status=302, headers={"Location": self.search_to})
 
 
-@pytest.fixture
-async def victim() -> AsyncIterator[Recorder]:
+async def _running() -> AsyncIterator[Recorder]:
     server = Recorder()
     await server.start()
     try:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def victim() -> AsyncIterator[Recorder]:
+    """The loopback server no form may reach."""
+    async for server in _running():
+        yield server
 
 
 @pytest.fixture
 async def front() -> AsyncIterator[Recorder]:
     """An allowed server (``front.test`` in ``allow_hosts``) that redirects."""
-    server = Recorder()
-    await server.start()
-    try:
+    async for server in _running():
         yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture(autouse=True)

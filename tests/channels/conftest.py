@@ -15,6 +15,7 @@ import pytest
 from channels.local import LocalChannel
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import LocalChannelConfig
+from gateway.kernel.pairing import PairingStore
 from gateway.kernel.store import Store
 from tests.channels.webchat_page import gw, page, webchat_config  # noqa: F401 (fixtures)
 
@@ -50,3 +51,13 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     db = await Store.open(tmp_path / "db" / "parley.db")
     yield db
     await db.close()
+
+
+@pytest.fixture
+async def pairing(tmp_path: Path) -> AsyncIterator[PairingStore]:
+    """Pairing codes and approvals in a database of their own."""
+    store = await Store.open(tmp_path / "parley.db")
+    try:
+        yield PairingStore(store)
+    finally:
+        await store.close()

@@ -4,9 +4,7 @@ confine the bot to its listed servers and channels (``confined=True``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +15,6 @@ from channels.incoming import Incoming, Sender
 from channels.telegram_convert import access_rules as telegram_rules
 from gateway.kernel.config import DiscordChannelConfig, TelegramChannelConfig
 from gateway.kernel.pairing import PairingStore
-from gateway.kernel.store import Store
 
 ADA = Sender(id="1001", name="Ada Lovelace", handle="ada")
 BOB = Sender(id="1002", name="Bob")
@@ -106,15 +103,6 @@ MATRIX: list[tuple[str, dict[str, Any], Incoming, str]] = [
      server(ROBOT), "serve"),
     ("server, disabled", {**CONFINED, "group_policy": "disabled"}, server(ADA), "ignore"),
 ]
-
-
-@pytest.fixture
-async def pairing(tmp_path: Path) -> AsyncIterator[PairingStore]:
-    store = await Store.open(tmp_path / "parley.db")
-    try:
-        yield PairingStore(store)
-    finally:
-        await store.close()
 
 
 def rules(**settings: Any) -> AccessRules:

@@ -5,7 +5,7 @@ platform's own tests drive the same code through its real library."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.pairing import PairingStore
-from gateway.kernel.store import Store
 
 ADA = Sender(id="1", name="Ada Lovelace", first_name="Ada")
 BOB = Sender(id="2", name="Bob")
@@ -85,15 +84,6 @@ def said(sender: Sender, text: str = "hi", *, direct: bool = False, addressed: b
 def file(source: str, size: int | None = 10) -> Attachment:
     return Attachment(source=source, kind="file", mime="text/plain", size=size,
                       label=f"{source}.txt", name=f"{source}.txt")
-
-
-@pytest.fixture
-async def pairing(tmp_path: Path) -> AsyncIterator[PairingStore]:
-    store = await Store.open(tmp_path / "parley.db")
-    try:
-        yield PairingStore(store)
-    finally:
-        await store.close()
 
 
 def pipeline(platform: FakePlatform, pairing: PairingStore, tmp_path: Path, *,
