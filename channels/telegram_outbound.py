@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
@@ -166,7 +165,8 @@ class Outbound:
             data = await file.download_as_bytearray()
         except TelegramError as exc:
             raise DownloadFailed(redact(exc.message, self._secrets)) from exc
-        return Fetched(bytes(data), f"{uuid.uuid4().hex}{file_suffix(att, file.file_path)}")
+        name = att.name or f"{inc.id}-{att.label.split()[0]}{file_suffix(att, file.file_path)}"
+        return Fetched(bytes(data), name)
 
 
 def _file_size(path: Path) -> int | None:

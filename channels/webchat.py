@@ -53,6 +53,7 @@ from channels.webchat_store import MEDIA_NAME, WebchatLog
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
+from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store import Store
 from gateway.kernel.values import ChannelHints, Delivery
 
@@ -98,11 +99,12 @@ class WebchatChannel(ChatSockets):
     wants_progress = True
 
     def __init__(self, config: WebchatChannelConfig, bus: MessageBus, store: Store, *,
-                 media_dir: Path) -> None:
+                 workspace: Path) -> None:
+        """``workspace``: uploads are saved under its ``inbox/webchat/<chat>/``."""
         self.config = config
         self._bus = bus
         self._log = WebchatLog(store)
-        self._media_dir = media_dir
+        self._workspace = workspace
         self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
         self._token = config.token.encode() if config.token else None
         self._static: dict[str, tuple[bytes, str]] = {}
@@ -260,7 +262,7 @@ class WebchatChannel(ChatSockets):
         chat_id = check_chat_id(request.query.get("chat_id"))
         name = request.match_info["name"]
         image = await self._log.image_of(chat_id, name) if MEDIA_NAME.fullmatch(name) else None
-        path = self._media_dir / name
+        path = inbox_path(self._workspace, self.name, chat_id) / name
         if image is None or not await asyncio.to_thread(path.is_file):
             raise ApiError("name: no such image in this chat", 404)
         return web.FileResponse(path, headers={"Content-Type": image["mime"],
@@ -270,5 +272,5 @@ class WebchatChannel(ChatSockets):
 def create(deps: ChannelDeps) -> WebchatChannel:
     """The gateway's factory for ``channels.webchat``."""
     return WebchatChannel(deps.config.channels.webchat, deps.bus, deps.store,
-                          media_dir=deps.data_path / "media" / "webchat")
+                          workspace=deps.config.workspace_path)
 

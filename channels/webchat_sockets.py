@@ -33,6 +33,7 @@ from channels.webchat_store import LogEntry, WebchatLog, save_image, user_key
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import InboundKind, InboundMessage, Media
+from gateway.kernel.inbox_files import inbox_path
 
 _log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class ChatSockets:
     config: WebchatChannelConfig
     _bus: MessageBus
     _log: WebchatLog
-    _media_dir: Path
+    _workspace: Path
     _max_frame: int
     _token: bytes | None
     _sockets: dict[str, set[Socket]]
@@ -223,7 +224,7 @@ class ChatSockets:
             raise FrameError("gateway is restarting; the message is sent again after it",
                              message_id=message_id, retry=True)
         if entry is None:
-            saved = await asyncio.to_thread(save_image, image, self._media_dir) \
+            saved = await asyncio.to_thread(save_image, image, self._inbox(chat_id)) \
                 if image else None
             entry, _ = await self._log.add(
                 chat_id=chat_id, role="user", kind=_inbound_kind(text), text=text, key=key,
@@ -240,10 +241,13 @@ class ChatSockets:
                    "duplicate": False})
         self._broadcast(chat_id, {"type": "message", "message": entry.to_json()})
 
+    def _inbox(self, chat_id: str) -> Path:
+        return inbox_path(self._workspace, self.name, chat_id)
+
     def _inbound(self, entry: LogEntry) -> InboundMessage:
         media: tuple[Media, ...] = ()
         if entry.image:
-            media = (Media(kind="image", path=str(self._media_dir / entry.image["name"]),
+            media = (Media(kind="image", path=str(self._inbox(entry.chat_id) / entry.image["name"]),
                            mime=entry.image["mime"], size=entry.image["size"]),)
         assert entry.message_id is not None
         return InboundMessage(

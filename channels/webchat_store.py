@@ -70,11 +70,12 @@ class LogEntry:
                 "created_at": self.created_at, "pending": not self.accepted}
 
 
-def save_image(image: ImageData, media_dir: Path) -> dict[str, Any]:
-    """Write an uploaded image under a name of ours (blocking; run in a thread)."""
-    media_dir.mkdir(parents=True, exist_ok=True)
+def save_image(image: ImageData, folder: Path) -> dict[str, Any]:
+    """Write an upload into the chat's inbox ``folder`` under a name of ours (blocking; run
+    in a thread)."""
+    folder.mkdir(parents=True, exist_ok=True)
     name = f"{uuid.uuid4().hex}{IMAGE_TYPES[image.mime]}"
-    with open(media_dir / name, "xb") as fh:
+    with open(folder / name, "xb") as fh:
         fh.write(image.data)
     return {"name": name, "mime": image.mime, "size": len(image.data)}
 

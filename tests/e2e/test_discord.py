@@ -243,7 +243,7 @@ async def test_attachments_in(gateway: Gateway, dc: FakeDiscord, llm: ScriptedLL
     assert "film.mp4 (30 MB)" in notice.content and "up to 25 MB" in notice.content
     assert answer.content == "A cat, some notes; the film was too big."
     inbox = gateway.config.workspace_path / "inbox"
-    notes = inbox / f"{asked['id']}-1-notes.pdf"
+    notes = inbox / "discord" / dm["id"] / f"{asked['id']}-1-notes.pdf"
     assert notes.read_bytes() == b"%PDF-1.4 notes"
     content = llm.last_request["messages"][-1]["content"]
     text = content[0]["text"]
