@@ -5,7 +5,7 @@ keeps a random chat id in local storage; its session is ``webchat:<chat_id>``. R
 
 - ``GET /``, ``/app.js``, ``/style.css``: the page; ``GET /api/info``: limits, token needed?
 - ``GET /api/history?chat_id=&after=|before=&limit=``: the chat's log (``webchat_store``).
-- ``GET /api/media/<name>?chat_id=``: an image the chat sent.
+- ``GET /api/media/<name>?chat_id=``: an image or a recording the chat sent.
 - ``GET /ws?chat_id=``: the WebSocket; JSON frames both ways (see ``webchat_frames``). To the
   page: ``ready``, ``message`` (a log entry), ``ack`` (a sent message was stored and handed to
   the bus), ``typing``, ``progress``, ``error``, ``pong``.
@@ -33,6 +33,7 @@ from aiohttp.typedefs import Handler
 from channels.base import ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
 from channels.webchat_frames import (
+    AUDIO_TYPES,
     IMAGE_TYPES,
     FrameError,
     check_chat_id,
@@ -66,10 +67,12 @@ _log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).with_name("webchat_static")
 STATIC_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
-                "/style.css": ("style.css", "text/css")}
+                "/style.css": ("style.css", "text/css"),
+                "/mic.js": ("mic.js", "text/javascript")}
 MAX_PROGRESS_LINES = 20
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
+                               "media-src 'self' blob: data:; "
                                "connect-src 'self'; object-src 'none'; base-uri 'none'; "
                                "frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -105,7 +108,8 @@ class WebchatChannel(ChatSockets):
         self._bus = bus
         self._log = WebchatLog(store)
         self._workspace = workspace
-        self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
+        self._max_frame = max_frame_bytes(config.max_text_chars,
+                                          max(config.max_image_bytes, config.max_audio_bytes))
         self._token = config.token.encode() if config.token else None
         self._static: dict[str, tuple[bytes, str]] = {}
         self._sockets: dict[str, set[Socket]] = {}
@@ -241,6 +245,8 @@ class WebchatChannel(ChatSockets):
             "max_image_bytes": self.config.max_image_bytes,
             "max_frame_bytes": self._max_frame,
             "image_types": list(IMAGE_TYPES),
+            "max_audio_bytes": self.config.max_audio_bytes,
+            "audio_types": list(AUDIO_TYPES),
         })
 
     async def _get_history(self, request: web.Request) -> web.Response:
@@ -264,7 +270,7 @@ class WebchatChannel(ChatSockets):
         image = await self._log.image_of(chat_id, name) if MEDIA_NAME.fullmatch(name) else None
         path = inbox_path(self._workspace, self.name, chat_id) / name
         if image is None or not await asyncio.to_thread(path.is_file):
-            raise ApiError("name: no such image in this chat", 404)
+            raise ApiError("name: no such file in this chat", 404)
         return web.FileResponse(path, headers={"Content-Type": image["mime"],
                                                "Cache-Control": "private, max-age=86400"})
 

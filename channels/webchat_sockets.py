@@ -29,7 +29,7 @@ from channels.webchat_frames import (
     parse_frame,
     parse_message,
 )
-from channels.webchat_store import LogEntry, WebchatLog, save_image, user_key
+from channels.webchat_store import LogEntry, WebchatLog, is_audio, save_image, user_key
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import InboundKind, InboundMessage, Media
@@ -191,10 +191,12 @@ class ChatSockets:
             if kind == "message":
                 msg = parse_message(data, chat_id=sock.chat_id,
                                     max_text_chars=self.config.max_text_chars,
-                                    max_image_bytes=self.config.max_image_bytes)
+                                    max_image_bytes=self.config.max_image_bytes,
+                                    max_audio_bytes=self.config.max_audio_bytes)
                 lock = self._chat_locks.setdefault(sock.chat_id, asyncio.Lock())
                 async with lock:  # two tabs resending one message publish it once
-                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text, msg.image)
+                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text,
+                                       msg.image or msg.audio)
             elif kind == "ping":
                 sock.push({"type": "pong"})
             elif kind != "auth":  # a second auth frame (header already did it) is harmless
@@ -247,7 +249,8 @@ class ChatSockets:
     def _inbound(self, entry: LogEntry) -> InboundMessage:
         media: tuple[Media, ...] = ()
         if entry.image:
-            media = (Media(kind="image", path=str(self._inbox(entry.chat_id) / entry.image["name"]),
+            media = (Media(kind="audio" if is_audio(entry.image) else "image",
+                           path=str(self._inbox(entry.chat_id) / entry.image["name"]),
                            mime=entry.image["mime"], size=entry.image["size"]),)
         assert entry.message_id is not None
         return InboundMessage(

@@ -45,8 +45,6 @@ class TranscriptionConfig(Section):
     timeout: Duration = Field(120.0, gt=0)
     echo: bool = False
     """Post the transcript back in the chat (``🎤 …``) before the answer."""
-    max_seconds: float = Field(1800.0, gt=0)
-    """Longer recordings are not sent (their path still is)."""
 
 
 class VisionConfig(Section):

@@ -181,7 +181,7 @@ BAD_FRAMES: list[tuple[str, str]] = [
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": 5}',
      "text: must be a string"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": " "}',
-     "text: required, unless an image is sent"),
+     "text: required, unless an image or a recording is sent"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'
      ' "sender": "admin"}', "sender: unknown field"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'
