@@ -69,7 +69,8 @@ class AgentLoop:
         self.recorder = SessionRecorder(store, self.counter, self.ledger)
         self.replies = Replies(store, bus)
         self.stats = TurnStats()
-        self.media = MediaStep(config.agent, provider, self.ledger.prices)
+        self.media = MediaStep(config.agent, provider, self.ledger.prices,
+                               workspace=config.workspace_path)
         self.assembly = ContextAssembly(config=config, store=store, provider=provider,
                                         registry=registry, counter=self.counter, hints=hints,
                                         models=self.models)

@@ -38,7 +38,7 @@ from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, new_id, utcnow
+from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
 
@@ -240,11 +240,22 @@ class TurnFlow:
         it is not to be: see ``_deliverable``)."""
         reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
         deliver = _deliverable(turn, result.text)
+        if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
+            reply = await self._spoken(turn, reply)
         await self.recorder.finish(turn.record, result, status=result.stop_reason,
                                    outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+
+    async def _spoken(self, turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
+        """A voice note answered with a voice note too (``agent.media.speech``)."""
+        assert self.media is not None
+        voice, calls = await self.media.voice_reply(turn.msg, reply.text, turn.ctx.turn_id)
+        if calls and self.ledger is not None:
+            await self.ledger.record_calls(turn.ctx.session_id, turn.ctx.turn_id, turn.msg,
+                                           calls)
+        return replace(reply, media=(voice,)) if voice is not None else reply
 
     async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
         """What was done is stored, and the chat hears what went wrong in one line."""

@@ -125,6 +125,9 @@ class Outbound:
                                           **where)
             return str(sent.message_id)
         data = await asyncio.to_thread(path.read_bytes)
+        if media.kind == "audio" and media.mime == "audio/ogg":  # a spoken answer
+            sent = await bot.send_voice(chat_id, data, filename=path.name, **where)
+            return str(sent.message_id)
         if photo_or_document(media, size) == "photo":
             try:
                 sent = await bot.send_photo(chat_id, data, filename=path.name, **where)

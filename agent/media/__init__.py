@@ -9,6 +9,8 @@ after the file's path (``agent/context.py``), so the path is always kept:
   vision model (``vision.py``), and the image itself is not sent;
 - a PDF, DOCX, text or Markdown document → its head within a token budget (``documents.py``).
 
+After the turn, a voice note's answer can be spoken (``speech.py``, ``voice_reply``).
+
 A step that fails says so in one line in the chat (and to the model, beside the path); the
 turn runs all the same. What each step cost (time, tokens, seconds of audio) goes to the usage
 ledger beside the model calls, as its own ``kind``.
@@ -23,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.media.documents import Unreadable, document_type, read_document
+from agent.media.speech import SpeechFailed, answers_in_voice, speak
 from agent.media.transcribe import Transcriber, TranscriptionFailed
 from agent.media.vision import DescribeFailed, Describer, sees_images
 from agent.provider import Provider
 from agent.usage import Prices
 from gateway.kernel.config import AgentConfig
 from gateway.kernel.events import InboundMessage, Media
+from gateway.kernel.inbox_files import inbox_path, save_file
 from gateway.kernel.store import LLMCallRecord
 
 _log = logging.getLogger(__name__)
@@ -47,8 +51,11 @@ class Understood:
 
 
 class MediaStep:
-    def __init__(self, config: AgentConfig, provider: Provider, prices: Prices) -> None:
+    def __init__(self, config: AgentConfig, provider: Provider, prices: Prices, *,
+                 workspace: Path) -> None:
+        """``workspace``: spoken replies are saved in the chat's inbox folder there."""
         self.config = config.media
+        self.workspace = workspace
         self.provider = provider
         self.prices = prices
         media = config.media
@@ -67,6 +74,26 @@ class MediaStep:
         media = [await self._one(m, done, model) for m in msg.media]
         done.msg = replace(msg, media=tuple(media))
         return done
+
+    def speaks(self, msg: InboundMessage, text: str) -> bool:
+        return answers_in_voice(self.config.speech, msg, text)
+
+    async def voice_reply(self, msg: InboundMessage, text: str,
+                          turn_id: str) -> tuple[Media | None, list[LLMCallRecord]]:
+        """The answer to a voice note, spoken and saved beside it; None when speaking failed
+        (the text still goes out)."""
+        config = self.config.speech
+        try:
+            spoken = await speak(config, text)
+        except SpeechFailed as exc:
+            _log.warning("voice reply failed, answering in text: %s", exc)
+            return None, []
+        path = await asyncio.to_thread(
+            save_file, inbox_path(self.workspace, msg.channel, msg.chat_id),
+            f"reply-{turn_id[:12]}{spoken.suffix}", spoken.data)
+        call = LLMCallRecord(config.model or "", 0, 0, spoken.latency_ms, 1, kind="speech")
+        return Media(kind="audio", path=str(path), mime=spoken.mime, size=len(spoken.data)), \
+            [call]
 
     async def aclose(self) -> None:
         if self.describer is not None:

@@ -19,7 +19,7 @@ from tests.e2e.test_discord import ADA_ID as DC_ADA
 from tests.e2e.test_discord import BOB_ID as DC_BOB
 from tests.e2e.test_discord import discord_config
 from tests.e2e.test_telegram import ADA_ID, telegram_config
-from tests.fakes.audio_server import ScriptedAudio
+from tests.fakes.audio_server import SPEECH_BYTES, ScriptedAudio
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
 from tests.fakes.telegram_server import FakeTelegram
@@ -135,8 +135,9 @@ async def test_discord_voice_message_from_a_member(make_config: MakeConfig, dc: 
                                                    llm: ScriptedLLM,
                                                    audio: ScriptedAudio) -> None:
     """A member (not the owner) sends a voice message; its file in the chat's inbox folder is
-    theirs to read."""
-    config = discord_config(with_media(make_config, **transcription(audio)), dc,
+    theirs to read, and the answer comes spoken too."""
+    speech = {"api_base": audio.base_url, "model": "tts-1"}
+    config = discord_config(with_media(make_config, **transcription(audio), speech=speech), dc,
                             members=[str(DC_BOB)])
     dc.user(DC_ADA, "ada", global_name="Ada")
     bob = dc.user(DC_BOB, "bob", global_name="Bob")
@@ -145,8 +146,10 @@ async def test_discord_voice_message_from_a_member(make_config: MakeConfig, dc: 
     async with Gateway(config, grace=2.0) as gw:
         dm = dc.dm_channel(bob)
         dc.post(dm, bob, "", attachments=(("voice-message.ogg", VOICE, "audio/ogg"),))
-        [answer] = await dc.wait_sent(dm["id"])
+        answer, spoken = await dc.wait_sent(dm["id"], 2)
     assert answer.content == "Sunny."
+    [(name, data)] = spoken.files  # the voice reply, as an attachment
+    assert data == SPEECH_BYTES and name.startswith("reply-") and name.endswith(".ogg")
     [heard] = audio.transcriptions
     assert heard.file == VOICE and heard.filename and heard.filename.endswith(".ogg")
     text = user_text(llm.requests[0])
@@ -200,3 +203,40 @@ async def test_a_40_page_pdf_becomes_a_bounded_excerpt_and_a_path(
     path = Path(text.split("[attached file: ")[1].split(" (")[0])
     assert path.read_bytes() == pdf and path.name == "report.pdf"
     assert len(text) < 2000 + 1000
+
+
+async def test_a_voice_note_is_answered_with_a_voice_note(
+        make_config: MakeConfig, tg: FakeTelegram, llm: ScriptedLLM,
+        audio: ScriptedAudio) -> None:
+    speech = {"api_base": audio.base_url, "model": "tts-1", "voice": "nova",
+              "api_key": "sk-speech-secret"}
+    config = telegram_config(with_media(make_config, **transcription(audio), speech=speech), tg)
+    audio.hears("how long do eggs boil?")
+    llm.reply("About **seven** minutes for a firm yolk.")
+    ada = tg.user(ADA_ID, "Ada")
+    async with Gateway(config, grace=2.0) as gw:
+        tg.voice(tg.private(ada), ada, VOICE)
+        text, voice = await tg.wait_sent(ADA_ID, 2)
+        assert gw.store is not None
+        kinds = {r.key for r in await gw.store.usage_by("kind")}
+        history = await gw.store.active_session(f"telegram:{ADA_ID}")
+    assert text.text == "About seven minutes for a firm yolk."
+    assert voice.method == "sendVoice" and voice.data == SPEECH_BYTES
+    [spoken] = audio.speech
+    assert spoken == {"model": "tts-1", "input": "About **seven** minutes for a firm yolk.",
+                      "voice": "nova", "response_format": "opus"}
+    assert kinds == {"chat", "transcription", "speech"}
+    assert history.message_count == 2  # the text answer is the history's
+
+
+async def test_a_typed_message_is_answered_in_text_only(
+        make_config: MakeConfig, tg: FakeTelegram, llm: ScriptedLLM,
+        audio: ScriptedAudio) -> None:
+    speech = {"api_base": audio.base_url, "model": "tts-1"}
+    config = telegram_config(with_media(make_config, speech=speech), tg)
+    llm.reply("Seven minutes.")
+    ada = tg.user(ADA_ID, "Ada")
+    async with Gateway(config, grace=2.0):
+        tg.dm(ada, "how long do eggs boil?")
+        [answer] = await tg.wait_sent(ADA_ID)
+    assert answer.text == "Seven minutes." and audio.speech == []
