@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 from pathlib import Path
 
 from agent.errors import ProviderError
@@ -25,6 +26,12 @@ MAX_IMAGE_BYTES = 10 * 1024 * 1024
 def sees_images(config: VisionConfig, model: str) -> bool:
     if config.main_sees_images != "auto":
         return bool(config.main_sees_images)
+    return _model_sees_images(model)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_sees_images(model: str) -> bool:
+    """litellm's word on ``model`` (its model map is read once per model, not per image)."""
     info = bundled_model_info(model)
     return True if info is None else bool(info.get("supports_vision"))
 

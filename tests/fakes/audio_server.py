@@ -36,7 +36,10 @@ class Heard:
 
 
 class ScriptedAudio:
-    def __init__(self) -> None:
+    def __init__(self, *, formats: tuple[str, ...] = ("json", "verbose_json", "text")) -> None:
+        """``formats``: the ``response_format`` values it knows (others get HTTP 400, as
+        OpenAI's newer models answer ``verbose_json``)."""
+        self.formats = formats
         self._answers: deque[tuple[int, str, float | None]] = deque()
         self.transcriptions: list[Heard] = []
         self.speech: list[dict[str, Any]] = []
@@ -92,6 +95,11 @@ class ScriptedAudio:
         self.transcriptions.append(Heard(fields, filename, content_type, file,
                                          request.headers.get("Authorization")))
         self._changed.set()
+        wanted = fields.get("response_format", "json")
+        if wanted not in self.formats:
+            return web.json_response({"error": {
+                "message": f"response_format '{wanted}' is not compatible with this model",
+                "param": "response_format"}}, status=400)
         status, text, seconds = self._answers.popleft() if self._answers else \
             (500, "ScriptedAudio: nothing scripted", None)
         if status != 200:
