@@ -10,11 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import aiohttp
-
+from agent.media.endpoint import EndpointFailed, post, short
 from gateway.kernel.config_media import SpeechConfig
 from gateway.kernel.events import InboundMessage
-from gateway.kernel.secrets import SECRETS
 
 SUFFIXES = {"opus": (".ogg", "audio/ogg"), "mp3": (".mp3", "audio/mpeg"),
             "wav": (".wav", "audio/wav")}
@@ -45,20 +43,13 @@ async def speak(config: SpeechConfig, text: str) -> Spoken:
     started = time.monotonic()
     body = {"model": config.model, "input": text, "voice": config.voice,
             "response_format": config.format}
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    url = config.api_base.rstrip("/") + "/audio/speech"
     try:
-        async with aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=config.timeout)) as session, \
-                session.post(url, json=body, headers=headers) as resp:
-            data = await resp.read()
-            if resp.status != 200:
-                raise SpeechFailed(f"HTTP {resp.status}: "
-                                   + SECRETS.redact(data[:200].decode("utf-8", "replace")))
-    except TimeoutError:
-        raise SpeechFailed(f"no answer within {config.timeout:g} s") from None
-    except aiohttp.ClientError as exc:
-        raise SpeechFailed(SECRETS.redact(str(exc))) from None
+        status, data = await post(config.api_base, "/audio/speech", api_key=config.api_key,
+                                  within=config.timeout, what="speech", json=body)
+    except EndpointFailed as exc:
+        raise SpeechFailed(str(exc)) from None
+    if status != 200:
+        raise SpeechFailed(f"HTTP {status}: {short(data.decode('utf-8', 'replace'))}")
     if not data:
         raise SpeechFailed("the speech server sent no audio")
     suffix, mime = SUFFIXES[config.format]

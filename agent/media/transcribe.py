@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
+from agent.media.endpoint import EndpointFailed, post, short
 from agent.provider import bundled_model_info, litellm_module
 from gateway.kernel.config_media import TranscriptionConfig
-from gateway.kernel.secrets import SECRETS
 
 
 class TranscriptionFailed(Exception):
@@ -76,27 +76,19 @@ class Transcriber:
         for field, value in (("language", config.language), ("prompt", config.prompt)):
             if value:
                 form.add_field(field, value)
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        url = config.api_base.rstrip("/") + "/audio/transcriptions"
         try:
-            async with aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=config.timeout)) as session, \
-                    session.post(url, data=form, headers=headers) as resp:
-                body = await resp.text()
-                if resp.status == 400 and response_format != "json" and \
-                        "response_format" in body:
-                    raise _FormatRefused
-                if resp.status != 200:
-                    raise TranscriptionFailed(
-                        f"the transcription server answered HTTP {resp.status}"
-                        + (f": {_short(body)}" if body.strip() else ""))
-                found = _parse(body)
-        except TimeoutError:
-            raise TranscriptionFailed(f"no answer within {config.timeout:g} s") from None
-        except aiohttp.ClientError as exc:
-            raise TranscriptionFailed(
-                f"the transcription server could not be reached ({_short(str(exc))})") from None
-        return found
+            status, raw = await post(config.api_base, "/audio/transcriptions",
+                                     api_key=config.api_key, within=config.timeout,
+                                     what="transcription", data=form)
+        except EndpointFailed as exc:
+            raise TranscriptionFailed(str(exc)) from None
+        body = raw.decode("utf-8", "replace")
+        if status == 400 and response_format != "json" and "response_format" in body:
+            raise _FormatRefused
+        if status != 200:
+            raise TranscriptionFailed(f"the transcription server answered HTTP {status}"
+                                      + (f": {short(body)}" if body.strip() else ""))
+        return _parse(body)
 
     async def _litellm(self, name: str, data: bytes) -> tuple[str, float | None]:
         config = self.config
@@ -109,7 +101,7 @@ class Transcriber:
         try:
             response = await litellm_module().atranscription(**kwargs)
         except Exception as exc:  # litellm maps every provider error to its own classes
-            raise TranscriptionFailed(_short(str(exc)) or type(exc).__name__) from None
+            raise TranscriptionFailed(short(str(exc)) or type(exc).__name__) from None
         seconds = getattr(response, "duration", None)
         return str(getattr(response, "text", "") or ""), \
             float(seconds) if isinstance(seconds, int | float) else None
@@ -129,7 +121,3 @@ def _parse(body: str) -> tuple[str, float | None]:
     seconds = data.get("duration")
     return data["text"], float(seconds) if isinstance(seconds, int | float) else None
 
-
-def _short(text: str, limit: int = 200) -> str:
-    text = SECRETS.redact(" ".join(text.split()))
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -789,7 +789,10 @@
     if (ui.file.files && ui.file.files[0]) attach(ui.file.files[0]);
   });
   ui.removeAttachment.addEventListener("click", clearAttachment);
-  window.parleySendAudio = (audio) => submit("", false, audio); // mic.js
+  window.parleySendAudio = async (blob) => { // a recording from mic.js
+    const url = await readDataUrl(blob);
+    return submit("", false, { data_base64: url.slice(url.indexOf(",") + 1), mime: blob.type });
+  };
   window.parleyComposerError = composerError;
   ui.newButton.addEventListener("click", () => submit("/new", false));
   ui.earlier.addEventListener("click", () => {

@@ -32,15 +32,6 @@
     if (window.parleyComposerError) window.parleyComposerError(text);
   }
 
-  function dataUrl(blob) {
-    return new Promise((resolve, reject) => {
-      const reader = new FileReader();
-      reader.onload = () => resolve(String(reader.result));
-      reader.onerror = () => reject(reader.error);
-      reader.readAsDataURL(blob);
-    });
-  }
-
   async function start() {
     try {
       stream = await navigator.mediaDevices.getUserMedia({ audio: true });
@@ -67,9 +58,7 @@
     show(false);
     const blob = new Blob(chunks, { type: mime });
     chunks = [];
-    if (!blob.size) return;
-    const url = await dataUrl(blob);
-    window.parleySendAudio({ data_base64: url.slice(url.indexOf(",") + 1), mime });
+    if (blob.size) await window.parleySendAudio(blob);
   }
 
   // How a message's recording shows: a label and a player (app.js calls this).

@@ -4,11 +4,8 @@ still refers to."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pytest
 
 from gateway.inbox_cleanup import InboxCleanup
 from gateway.kernel.config_media import InboxConfig
@@ -18,15 +15,6 @@ from tests.fakes.clock import FakeClock
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAY = 86400.0
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "parley.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def received(workspace: Path, rel: str, size: int, days_old: float) -> Path:
