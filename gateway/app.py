@@ -166,7 +166,7 @@ class Gateway:
                                        busy=agent.is_busy)
             await self.heartbeat.start()
         self.inbox_cleanup = InboxCleanup(config.agent.media.inbox, store,
-                                          workspace=config.workspace_path, clock=self.clock)
+                                          workspace=config.workspace_path)
         await self.inbox_cleanup.start()
 
     async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:

@@ -5,7 +5,8 @@ take more than ``max_total``.
 A file a message still waiting for its answer refers to (a pending row of the durable inbox:
 queued, or in a running turn) is never removed, whatever its age. The sweep runs in the
 background every ``sweep_every``, once soon after the start; the walk and the deletes run in a
-thread.
+thread. Ages are files' modification times against the wall clock (``now``), not the
+schedules' clock: the cleanup is no schedule of the agent's.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
-from gateway.kernel.clock import Clock
 from gateway.kernel.config_media import InboxConfig
 from gateway.kernel.inbox_files import INBOX_DIR
 from gateway.kernel.store import Store
@@ -77,11 +78,11 @@ def sweep(inbox: Path, *, now: float, max_age: float, max_total: int,
 
 class InboxCleanup:
     def __init__(self, config: InboxConfig, store: Store, *, workspace: Path,
-                 clock: Clock) -> None:
+                 now: Callable[[], float] = time.time) -> None:
         self.config = config
         self.store = store
         self.inbox = workspace / INBOX_DIR
-        self.clock = clock
+        self.now = now
         self.last: Swept | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -100,7 +101,7 @@ class InboxCleanup:
         in_use = {m.path for msg in await self.store.inbox_pending() for m in msg.media
                   if m.path}
         swept = await asyncio.to_thread(
-            sweep, self.inbox, now=self.clock.now().timestamp(), max_age=self.config.max_age,
+            sweep, self.inbox, now=self.now(), max_age=self.config.max_age,
             max_total=int(self.config.max_total), in_use=in_use)
         if swept.removed:
             _log.info("inbox cleanup: removed %d file(s), %d bytes; %d bytes kept",
@@ -109,14 +110,12 @@ class InboxCleanup:
         return swept
 
     async def _run(self) -> None:
-        every = timedelta(seconds=self.config.sweep_every)
+        every = self.config.sweep_every
         while True:
             try:
                 await self.sweep_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                _log.exception("inbox cleanup failed; tried again in %s", every)
-            due = self.clock.now() + every
-            while self.clock.now() < due:
-                await self.clock.sleep_until(due)
+                _log.exception("inbox cleanup failed; tried again in %.0f s", every)
+            await asyncio.sleep(every)

@@ -11,7 +11,6 @@ from gateway.inbox_cleanup import InboxCleanup
 from gateway.kernel.config_media import InboxConfig
 from gateway.kernel.events import InboundMessage, Media
 from gateway.kernel.store import Store
-from tests.fakes.clock import FakeClock
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAY = 86400.0
@@ -36,7 +35,7 @@ async def test_old_files_go_unless_a_pending_message_uses_them(store: Store,
                                          text="", message_id="m1", media=(
                                              Media(kind="audio", path=str(queued)),)))
     cleanup = InboxCleanup(InboxConfig(max_age=30 * DAY, max_total=0), store,
-                           workspace=tmp_path, clock=FakeClock(NOW))
+                           workspace=tmp_path, now=NOW.timestamp)
     swept = await cleanup.sweep_once()
     assert (swept.removed, swept.kept_in_use) == (2, 1)
     assert not old.exists() and not gone_chat.exists()
@@ -50,7 +49,7 @@ async def test_old_files_go_unless_a_pending_message_uses_them(store: Store,
 async def test_the_oldest_go_first_beyond_the_total(store: Store, tmp_path: Path) -> None:
     files = [received(tmp_path, f"local/c/{n}.bin", 100, days_old=10 - n) for n in range(5)]
     cleanup = InboxCleanup(InboxConfig(max_age=0, max_total=250), store, workspace=tmp_path,
-                           clock=FakeClock(NOW))
+                           now=NOW.timestamp)
     swept = await cleanup.sweep_once()
     assert (swept.removed, swept.total) == (3, 200)
     assert [f.exists() for f in files] == [False, False, False, True, True]
