@@ -39,6 +39,10 @@ _log = logging.getLogger(__name__)
 
 __all__ = ["MediaStep", "Understood"]
 
+READ_SECONDS = 30.0
+"""A document not read by then (a hostile PDF that sends the parser round in circles) is given
+up; the turn goes on with its path. The thread finishes on its own."""
+
 
 @dataclass(slots=True)
 class Understood:
@@ -152,10 +156,14 @@ class MediaStep:
     async def _read(self, media: Media, path: Path, kind: str, done: Understood) -> Media:
         started = time.monotonic()
         try:
-            excerpt = await asyncio.to_thread(read_document, path, kind, self.config.documents)
-        except Unreadable as exc:
-            done.notices.append(f"(I couldn't read {path.name}: {exc}.)")
-            return replace(media, text=f"[not read: {exc}]")
+            excerpt = await asyncio.wait_for(
+                asyncio.to_thread(read_document, path, kind, self.config.documents),
+                READ_SECONDS)
+        except (Unreadable, TimeoutError) as exc:
+            why = str(exc) if isinstance(exc, Unreadable) else \
+                f"reading it took longer than {READ_SECONDS:g} s"
+            done.notices.append(f"(I couldn't read {path.name}: {why}.)")
+            return replace(media, text=f"[not read: {why}]")
         done.calls.append(LLMCallRecord(kind, 0, 0, (time.monotonic() - started) * 1000, 1,
                                         kind="document"))
         return replace(media, text=excerpt.text)

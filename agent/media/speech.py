@@ -34,7 +34,7 @@ def answers_in_voice(config: SpeechConfig, msg: InboundMessage, text: str) -> bo
     """A voice note (or any recording) was sent, speech is configured and the answer is
     short enough to listen to."""
     return bool(config.model and config.api_base and text.strip()
-                and len(text) <= config.max_chars
+                and len(text) <= config.max_chars and msg.channel in config.channels
                 and any(m.kind == "audio" for m in msg.media))
 
 

@@ -84,6 +84,8 @@ class SpeechConfig(Section):
     format: Literal["opus", "mp3", "wav"] = "opus"
     max_chars: int = Field(1500, gt=0)
     """Longer answers are sent as text only."""
+    channels: list[str] = Field(default_factory=lambda: ["telegram", "discord"])
+    """Where a voice note is answered with one (channels that play it as a voice message)."""
     timeout: Duration = Field(120.0, gt=0)
 
 
