@@ -102,12 +102,14 @@ class WebchatChannel(ChatSockets):
     wants_progress = True
 
     def __init__(self, config: WebchatChannelConfig, bus: MessageBus, store: Store, *,
-                 workspace: Path) -> None:
-        """``workspace``: uploads are saved under its ``inbox/webchat/<chat>/``."""
+                 workspace: Path, earlier_media: Path | None = None) -> None:
+        """``workspace``: uploads are saved under its ``inbox/webchat/<chat>/``;
+        ``earlier_media``: where earlier versions saved them, still served to their chats."""
         self.config = config
         self._bus = bus
         self._log = WebchatLog(store)
         self._workspace = workspace
+        self._earlier_media = earlier_media
         self._max_frame = max_frame_bytes(config.max_text_chars,
                                           max(config.max_image_bytes, config.max_audio_bytes))
         self._token = config.token.encode() if config.token else None
@@ -268,8 +270,13 @@ class WebchatChannel(ChatSockets):
         chat_id = check_chat_id(request.query.get("chat_id"))
         name = request.match_info["name"]
         image = await self._log.image_of(chat_id, name) if MEDIA_NAME.fullmatch(name) else None
-        path = inbox_path(self._workspace, self.name, chat_id) / name
-        if image is None or not await asyncio.to_thread(path.is_file):
+        folders = (inbox_path(self._workspace, self.name, chat_id), self._earlier_media)
+        path = None
+        for folder in folders if image is not None else ():
+            if folder is not None and await asyncio.to_thread((folder / name).is_file):
+                path = folder / name
+                break
+        if image is None or path is None:
             raise ApiError("name: no such file in this chat", 404)
         return web.FileResponse(path, headers={"Content-Type": image["mime"],
                                                "Cache-Control": "private, max-age=86400"})
@@ -278,5 +285,6 @@ class WebchatChannel(ChatSockets):
 def create(deps: ChannelDeps) -> WebchatChannel:
     """The gateway's factory for ``channels.webchat``."""
     return WebchatChannel(deps.config.channels.webchat, deps.bus, deps.store,
-                          workspace=deps.config.workspace_path)
+                          workspace=deps.config.workspace_path,
+                          earlier_media=deps.data_path / "media" / "webchat")
 

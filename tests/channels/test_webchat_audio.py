@@ -80,3 +80,23 @@ async def test_bad_recordings_are_refused_naming_the_field(
         error = await conn.until(is_type("error"))
         assert error["error"] == "audio: a recording is sent on its own, without an image"
     assert llm.calls == 0
+
+
+async def test_images_saved_by_earlier_versions_are_still_served(gateway: Gateway) -> None:
+    """Before the inbox, uploads lived in data_dir/media/webchat/: their history still
+    shows them, to their own chat only."""
+    name = "0123456789abcdef0123456789abcdef.png"
+    earlier = gateway.config.data_path / "media" / "webchat"
+    earlier.mkdir(parents=True)
+    (earlier / name).write_bytes(PNG)
+    channel = channel_of(gateway)
+    await channel._log.add(chat_id=CHAT, role="user", kind="user", text="old one",
+                           key="in:old", image={"name": name, "mime": "image/png",
+                                                "size": len(PNG)}, message_id="msg-old00001")
+    async with aiohttp.ClientSession() as http:
+        page = Page(http, str(channel.base_url))
+        url = f"{page.base}/api/media/{name}"
+        async with http.get(url, params={"chat_id": CHAT}) as resp:
+            assert resp.status == 200 and await resp.read() == PNG
+        async with http.get(url, params={"chat_id": "another-chat-0001"}) as resp:
+            assert resp.status == 404
