@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gateway.app import Gateway
 from gateway.kernel.config import Config
 from tests.agent.media.pdfs import text_pdf
 from tests.conftest import MakeConfig
+from tests.e2e.test_cli import _env, parley
 from tests.e2e.test_discord import ADA_ID as DC_ADA
 from tests.e2e.test_discord import BOB_ID as DC_BOB
 from tests.e2e.test_discord import discord_config
@@ -90,6 +92,13 @@ async def test_telegram_voice_note_is_transcribed_and_its_file_readable(
         assert gw.store is not None
         kinds = {r.key: r.calls for r in await gw.store.usage_by("kind")}
     assert kinds == {"transcription": 1, "chat": 2}  # the step's cost beside the model's
+    path = gw.config.data_path.parent / "cli.yaml"
+    path.write_text(yaml.safe_dump({"workspace": str(gw.config.workspace_path),
+                                    "data_dir": str(gw.config.data_path),
+                                    "agent": {"model": "openai/test-model"}}))
+    code, out, err = await parley("usage", "--config", str(path), "--by", "kind", env=_env())
+    assert code == 0, err
+    assert "transcription" in out and "chat" in out
     [heard] = audio.transcriptions
     assert heard.file == VOICE and heard.fields["model"] == "whisper-1"
     assert heard.authorization == "Bearer sk-whisper-secret"
