@@ -26,7 +26,7 @@ import workspace as workspace_package
 from agent.budget import TokenCounter
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, event_to_dict
+from gateway.kernel.events import InboundMessage, Media, event_to_dict
 from gateway.kernel.store import Compaction, StoredMessage
 from gateway.kernel.values import ChannelHints
 from workspace.bootstrap import (
@@ -236,11 +236,13 @@ class ContextBuilder:
     def _media_note(self, inbound: InboundMessage) -> str:
         notes = []
         for m in inbound.media:
-            if m.kind == "image" and m.path:
+            if m.kind == "image" and m.path and m.text is None:
                 continue
             where = m.path or m.url
             notes.append(f"[attached {m.kind}: {where} ({m.mime or 'unknown type'}, "
                          f"{m.size if m.size is not None else '?'} bytes)]")
+            if m.text:  # what agent/media read of it: a transcript, a description, a head
+                notes.append(m.text)
         return "\n".join(notes)
 
     def stored_user_message(self, inbound: InboundMessage) -> dict[str, Any]:
@@ -248,15 +250,15 @@ class ContextBuilder:
         if inbound.chat_type == "group" and inbound.kind == "user" and \
                 not inbound.senders_inline:
             text = f"[{inbound.sender_name or inbound.sender_id}] {text}"
-        images = [m.path for m in inbound.media if m.kind == "image" and m.path]
-        extra = [self._media_note(inbound)] if any(m.kind != "image" or not m.path
+        images = [m.path for m in inbound.media if _sent_as_image(m)]
+        extra = [self._media_note(inbound)] if any(not _sent_as_image(m)
                                                    for m in inbound.media) else []
         extra += [f"[image: {p}]" for p in images]
         body = "\n".join([text, *extra]) if extra else text
         return {"role": "user", "content": body}
 
     def user_content(self, inbound: InboundMessage, stored: dict[str, Any]) -> Any:
-        images = [m for m in inbound.media if m.kind == "image" and m.path]
+        images = [m for m in inbound.media if _sent_as_image(m)]
         if not images:
             return stored["content"]
         parts: list[dict[str, Any]] = [{"type": "text", "text": stored["content"]}]
@@ -394,6 +396,11 @@ class ContextBuilder:
         return BuiltContext(messages=messages, user_message=stored,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,
                             dropped_turns=dropped)
+
+
+def _sent_as_image(media: Media) -> bool:
+    """An image file the model gets as an image: not one ``agent/media`` put into words."""
+    return media.kind == "image" and media.path is not None and media.text is None
 
 
 def context_hash(messages: list[dict[str, Any]]) -> str:

@@ -27,6 +27,7 @@ from agent.context import ContextBuilder
 from agent.errors import AgentError
 from agent.lanes import Lane, Lanes
 from agent.limits import Limits
+from agent.media import MediaStep
 from agent.model_choice import ModelChoice
 from agent.provider import Provider
 from agent.queueing import Work
@@ -68,6 +69,8 @@ class AgentLoop:
         self.recorder = SessionRecorder(store, self.counter, self.ledger)
         self.replies = Replies(store, bus)
         self.stats = TurnStats()
+        self.media = MediaStep(config.agent, provider, self.ledger.prices,
+                               workspace=config.workspace_path)
         self.assembly = ContextAssembly(config=config, store=store, provider=provider,
                                         registry=registry, counter=self.counter, hints=hints,
                                         models=self.models)
@@ -82,7 +85,7 @@ class AgentLoop:
                           max_result_chars=config.agent.tools.max_result_chars),
             assembly=self.assembly, compaction=self.compaction, replies=self.replies,
             stats=self.stats, services=services or (lambda msg: TurnServices()),
-            ledger=self.ledger, limits=self.limits, models=self.models)
+            ledger=self.ledger, limits=self.limits, models=self.models, media=self.media)
         self._tasks = TaskSet()
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
         self._dispatcher: asyncio.Task[None] | None = None
@@ -122,6 +125,7 @@ class AgentLoop:
         for msg in self.bus.drain_inbound():  # taken before intake closed: still answered
             self.submit(msg)
         await self._tasks.finish(grace)
+        await self.media.aclose()
 
     # what the gateway's status shows --------------------------------------------------------
 

@@ -67,6 +67,10 @@ def _lib() -> ModuleType:
     return _litellm
 
 
+litellm_module = _lib
+"""litellm, imported on first use (``agent/media`` transcribes through it)."""
+
+
 def warm_up() -> None:
     """Import litellm and what its first call needs; blocking, so run it in a thread."""
     _lib()

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.assembly import ContextAssembly
@@ -28,6 +28,7 @@ from agent.context import BuiltContext
 from agent.errors import ProviderContextTooLarge, ProviderError
 from agent.lanes import Lane
 from agent.limits import Limits, Verdict
+from agent.media import MediaStep
 from agent.model_choice import ModelChoice
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
@@ -37,7 +38,7 @@ from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, new_id, utcnow
+from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
 
@@ -128,7 +129,7 @@ class TurnFlow:
                  compaction: SessionCompaction, replies: Replies, stats: TurnStats,
                  services: Callable[[InboundMessage], TurnServices],
                  ledger: Ledger | None = None, limits: Limits | None = None,
-                 models: ModelChoice | None = None) -> None:
+                 models: ModelChoice | None = None, media: MediaStep | None = None) -> None:
         self.config = config
         self.bus = bus
         self.store = store
@@ -142,6 +143,7 @@ class TurnFlow:
         self.ledger = ledger
         self.limits = limits
         self.models = models
+        self.media = media
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self._prompt_cut_said = -PROMPT_CUT_EVERY
 
@@ -154,6 +156,8 @@ class TurnFlow:
             await self._refuse(work, verdict)
             return
         turn = await self._prepare(work, lane)
+        if self.media is not None and self.media.wanted(work.msg):
+            await self._understand(turn)
         await self._build_context(turn)
         try:
             result = await self._run_tools(turn)
@@ -191,6 +195,24 @@ class TurnFlow:
                           model=self.models.alias(msg) if self.models is not None else None)
         return _Turn(work, lane, ctx, await self.store.compaction(session.id))
 
+    async def _understand(self, turn: _Turn) -> None:
+        """The pre-turn media step (``agent/media``): what was heard, seen and read of the
+        message's files goes into it; its notices to the chat, its costs to the ledger."""
+        assert self.media is not None
+        try:
+            done = await self.media.understand(turn.msg, turn.ctx.model)
+        except Exception:  # our bug: the turn still runs, with the files' paths
+            _log.exception("turn %s: the media step failed", turn.ctx.turn_id)
+            return
+        turn.work.msg = done.msg
+        turn.ctx = replace(turn.ctx, message=done.msg)
+        for n, line in enumerate(done.notices if not nowhere(done.msg) else ()):
+            await self.bus.publish_outbound(
+                outbound(done.msg, line, "notice", turn.ctx.turn_id, key=f"media-{n}"))
+        if done.calls and self.ledger is not None:
+            await self.ledger.record_calls(turn.ctx.session_id, turn.ctx.turn_id, done.msg,
+                                           done.calls)
+
     async def _build_context(self, turn: _Turn) -> None:
         """The stored history built into messages; compacted first when it no longer fits."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
@@ -218,11 +240,22 @@ class TurnFlow:
         it is not to be: see ``_deliverable``)."""
         reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
         deliver = _deliverable(turn, result.text)
+        if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
+            reply = await self._spoken(turn, reply)
         await self.recorder.finish(turn.record, result, status=result.stop_reason,
                                    outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+
+    async def _spoken(self, turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
+        """A voice note answered with a voice note too (``agent.media.speech``)."""
+        assert self.media is not None
+        voice, calls = await self.media.voice_reply(turn.msg, reply.text, turn.ctx.turn_id)
+        if calls and self.ledger is not None:
+            await self.ledger.record_calls(turn.ctx.session_id, turn.ctx.turn_id, turn.msg,
+                                           calls)
+        return replace(reply, media=(voice,)) if voice is not None else reply
 
     async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
         """What was done is stored, and the chat hears what went wrong in one line."""

@@ -129,8 +129,12 @@ class Ledger:
                      responses: list[LLMResponse]) -> None:
         """Model calls outside a turn's own record (a compaction's summary, its memory
         flush): written on their own, counted as ``msg``'s sender's."""
+        await self.record_calls(session_id, turn_id, msg, self.calls(responses))
+
+    async def record_calls(self, session_id: int, turn_id: str, msg: InboundMessage,
+                           calls: list[LLMCallRecord]) -> None:
+        """Calls already priced (the media steps before a turn: ``agent/media``)."""
         tags = self.tags(msg)
-        calls = self.calls(responses)
         await self.store.save_calls(session_id=session_id, turn_id=turn_id, calls=calls,
                                     usage=tags)
         self.recorded(tags, calls)

@@ -169,6 +169,13 @@ def checks(r: dict[str, Any]) -> list[Check]:
         _get(r, "exec.host.p50_ms"), "{:.2f} ms", "", None)
     add("8", "exec: the sandbox's cost per command (p50 difference)",
         _get(r, "exec.overhead_p50_ms"), "{:.2f} ms", "", None)
+    for name, what in (("pdf_40_pages", "a 40-page PDF"), ("pdf_400_pages", "a 400-page PDF"),
+                       ("docx_200_paragraphs", "a 200-paragraph DOCX"),
+                       ("text_1mb", "a 1 MB text file")):
+        add("9", f"media: {what} read into the message, p50", _get(r, f"media.{name}.p50_ms"),
+            "{:.2f} ms", "", None)
+    add("9", "media: one inbox sweep over 2,000 files, p50",
+        _get(r, "media.inbox_sweep_2000_files.p50_ms"), "{:.2f} ms", "", None)
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import context_build, exec_cost, floor, memory, request_size, startup
+from bench import context_build, exec_cost, floor, media_cost, memory, request_size, startup
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies
 from bench.load import concurrent_chats
@@ -26,7 +26,7 @@ from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pi
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import repeat_summary, series, split_by_model_call
 
-SECTIONS = ("context", "startup", "turns", "memory", "exec")
+SECTIONS = ("context", "startup", "turns", "memory", "exec", "media")
 console = Console(stderr=True)
 
 
@@ -224,6 +224,11 @@ async def main_async(args: argparse.Namespace) -> int:
                 t = time.perf_counter()
                 results["exec"] = await exec_cost.measure(root, sizes.exec_commands)
                 section_s["exec"] = time.perf_counter() - t
+            if "media" in only:
+                _say(f"9: media, documents read {sizes.ctx_iterations} times, an inbox sweep")
+                t = time.perf_counter()
+                results["media"] = media_cost.measure(root, sizes.ctx_iterations)
+                section_s["media"] = time.perf_counter() - t
         finally:
             server.stop()
     results["loadavg_end"] = _loadavg()

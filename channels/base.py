@@ -79,7 +79,8 @@ class ChannelDeps:
     bus: MessageBus
     store: Store
     data_path: Path
-    """``data_dir``: channels keep downloaded media under ``data_path / "media" / <name>``."""
+    """``data_dir``. Files people send go into the workspace's ``inbox/<channel>/<chat>/``
+    (``gateway.kernel.inbox_files``), not here."""
     health: Callable[[], dict[str, Any]]
     monotonic: Callable[[], float] = time.monotonic
     """Seconds for watchdogs and health (``Liveness``); tests hand in a clock they move."""

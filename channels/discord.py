@@ -27,10 +27,10 @@ process are therefore not supported.
 Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
 the message and one owned worker (``discord_reader``) converts messages in arrival order
 (``discord_convert``) for the shared pipeline (``channels.inbound``: access, pairing, group
-context, files, storing). Attachments are saved under the workspace's ``inbox/``. Output lives
-in ``discord_outbound``. Replies go out over REST, which does not need the gateway: an answer
-produced while the gateway reconnects is sent all the same, and when REST fails too the outbox
-retries it.
+context, files, storing). Attachments are saved under the workspace's
+``inbox/discord/<channel>/``. Output lives in ``discord_outbound``. Replies go out over
+REST, which does not need the gateway: an answer produced while the gateway reconnects is sent
+all the same, and when REST fails too the outbox retries it.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ class DiscordChannel(StateWatch, ChannelBase):
 
     def __init__(self, config: DiscordChannelConfig, *, bus: MessageBus, store: Store,
                  workspace: Path, clock: Callable[[], float] = time.monotonic) -> None:
-        """``workspace``: attachments are saved under its ``inbox/``; ``clock`` (monotonic
-        seconds) drives the typing cap."""
+        """``workspace``: attachments are saved under its ``inbox/discord/<channel>/``;
+        ``clock`` (monotonic seconds) drives the typing cap."""
         if config.token is None:
             raise DiscordChannelError("channels.discord.token is required")
         self.config = config
@@ -120,7 +120,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._logged_in = False
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
-                                rules=access_rules(config), media_dir=workspace / "inbox",
+                                rules=access_rules(config), workspace=workspace,
                                 max_media_bytes=config.max_media_bytes,
                                 allow_bots=config.allow_bots)
         self._reader = Reader(self._inbound, client=self._live_client, on_handled=self._notify,

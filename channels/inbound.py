@@ -4,9 +4,10 @@ messages stored on the bus. Every chat platform goes through it; an adapter only
 
 Group messages the bot does not answer wait in memory (at most ``group_history`` per chat or
 thread) and go to the bus as context-only messages right before the next message it answers
-there, so the agent sees what was said when it is addressed. Attachments are saved under
-``media_dir``: one over ``max_media_bytes`` gets a polite refusal in the chat and a note for the
-agent instead. Storing a message on the bus is tried a few times before it is given up.
+there, so the agent sees what was said when it is addressed. Attachments are saved inside the
+workspace, under ``inbox/<channel>/<chat>/`` (``gateway.kernel.inbox_files``), where the agent's
+file tools open them: one over ``max_media_bytes`` gets a polite refusal in the chat and a note
+for the agent instead. Storing a message on the bus is tried a few times before it is given up.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from channels.incoming import (
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.events import InboundMessage, Media, utcnow
+from gateway.kernel.inbox_files import inbox_path, save_file
 from gateway.kernel.pairing import PairingFull, PairingStore
 
 _log = logging.getLogger(__name__)
@@ -69,18 +71,19 @@ class GroupContext:
 
 class Inbound:
     def __init__(self, platform: str, io: PlatformIO, wording: Wording, *, bus: MessageBus,
-                 pairing: PairingStore, rules: AccessRules, media_dir: Path,
+                 pairing: PairingStore, rules: AccessRules, workspace: Path,
                  max_media_bytes: int, allow_bots: bool = False,
                  retry: BackoffPolicy | None = None) -> None:
-        """``allow_bots``: other bots' messages are handled too (else dropped unseen);
-        ``retry``: the waits between tries to store a message."""
+        """``workspace``: files go to its ``inbox/<channel>/<chat>/``; ``allow_bots``: other
+        bots' messages are handled too (else dropped unseen); ``retry``: the waits between tries
+        to store a message."""
         self.platform = platform
         self.access = Access(platform, rules, pairing)
         self._io = io
         self._wording = wording
         self._bus = bus
         self._pairing = pairing
-        self._media_dir = media_dir
+        self._workspace = workspace
         self._limit = max_media_bytes
         self._allow_bots = allow_bots
         self._retry = retry or BackoffPolicy()
@@ -178,7 +181,8 @@ class Inbound:
         await self._io.notice(inc, text, reply=False)
 
     async def _attachments(self, inc: Incoming) -> tuple[tuple[Media, ...], str]:
-        """Files saved under ``media_dir``, and the text with a note for each one that was not.
+        """Files saved in the chat's inbox folder, and the text with a note for each one that
+        was not.
 
         A file over the cap is refused politely in the chat; when nothing but such refusals is
         left, there is no message at all (the user was told). A file that could not be
@@ -203,8 +207,8 @@ class Inbound:
                 notes.append(wording.too_big_note.format(label=att.label, size=size_of(att),
                                                          limit=human_size(limit)))
                 continue
-            path = self._media_dir / fetched.name
-            await asyncio.to_thread(_write, path, fetched.data)
+            folder = inbox_path(self._workspace, self.platform, inc.chat_id)
+            path = await asyncio.to_thread(save_file, folder, fetched.name, fetched.data)
             media.append(Media(kind=att.kind, path=str(path), mime=att.mime,
                                size=len(fetched.data)))
         if refused:
@@ -212,8 +216,3 @@ class Inbound:
         if not (inc.text or media or failed):
             return (), ""
         return tuple(media), "\n".join(filter(None, (inc.text, *notes)))
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)

@@ -52,6 +52,7 @@ from channels.local_requests import (
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
+from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -82,12 +83,13 @@ class LocalChannel(ChannelBase):
     hints = ChannelHints(markup="Markdown (shown as plain text)", max_length=None,
                          etiquette="A test channel; answer as you would in a normal chat.")
 
-    def __init__(self, config: LocalChannelConfig, bus: MessageBus, *, media_dir: Path,
+    def __init__(self, config: LocalChannelConfig, bus: MessageBus, *, workspace: Path,
                  health: Callable[[], dict[str, Any]] | None = None,
                  serve_http: bool = True) -> None:
         self.config = config
         self._bus = bus
-        self._media_dir = media_dir
+        self._workspace = workspace
+        """Uploaded files go to its ``inbox/local/<chat>/``."""
         self._health = health or dict
         self._serve_http = serve_http
         self._max_body = max_body_bytes(config.max_text_chars, config.max_media_bytes)
@@ -255,7 +257,8 @@ class LocalChannel(ChannelBase):
         if self._closing or self._bus.closed:
             raise ApiError("gateway is shutting down", 503)
         if specs:
-            media = await asyncio.to_thread(store_media, specs, self._media_dir, limit)
+            folder = inbox_path(self._workspace, self.name, msg.chat_id)
+            media = await asyncio.to_thread(store_media, specs, folder, limit)
             msg = replace(msg, media=media)
         try:
             new = await self._bus.publish_inbound(msg)
@@ -283,4 +286,4 @@ class LocalChannel(ChannelBase):
 def create(deps: ChannelDeps) -> LocalChannel:
     """The gateway's factory for ``channels.local``."""
     return LocalChannel(deps.config.channels.local, deps.bus,
-                        media_dir=deps.data_path / "media" / "local", health=deps.health)
+                        workspace=deps.config.workspace_path, health=deps.health)

@@ -19,7 +19,7 @@ import re
 import stat
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,6 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from channels.http_api import ApiError
 from gateway.kernel.events import TRUST_RANK, InboundMessage, Media, MediaKind, Trust
+from gateway.kernel.inbox_files import save_file
 
 CHANNEL_NAME = "local"
 MAX_MEDIA_ITEMS = 10
@@ -216,13 +217,15 @@ def is_loopback(host: str) -> bool:
 
 # --- media on disk (blocking; run in a thread) ---------------------------------------------
 
-def store_media(specs: Iterable[Spec], media_dir: Path,
+def store_media(specs: Iterable[Spec], folder: Path,
                 max_bytes: int) -> tuple[Media, ...]:
-    """Check every path first, then write the inline files, so a refusal leaves nothing behind."""
+    """Check every path first, then copy those files and write the inline ones into the chat's
+    inbox ``folder`` (inside the workspace, where the agent's file tools reach), so a refusal
+    leaves nothing behind."""
     specs = tuple(specs)
     checked = {s.index: _path_media(s, max_bytes) for s in specs if isinstance(s, PathMedia)}
-    return tuple(checked[s.index] if isinstance(s, PathMedia) else _save_inline(s, media_dir)
-                 for s in specs)
+    return tuple(_copy_in(checked[s.index], folder) if isinstance(s, PathMedia)
+                 else _save_inline(s, folder) for s in specs)
 
 
 def _path_media(spec: PathMedia, max_bytes: int) -> Media:
@@ -240,15 +243,20 @@ def _path_media(spec: PathMedia, max_bytes: int) -> Media:
     return Media(kind=media_kind(mime), path=str(path.resolve()), mime=mime, size=info.st_size)
 
 
-def _save_inline(spec: InlineMedia, media_dir: Path) -> Media:
+def _copy_in(media: Media, folder: Path) -> Media:
+    """A copy of a file the client named by path, in the inbox under its own (safe) name."""
+    assert media.path is not None
+    source = Path(media.path)
+    data = source.read_bytes()
+    return replace(media, path=str(save_file(folder, source.name, data)), size=len(data))
+
+
+def _save_inline(spec: InlineMedia, folder: Path) -> Media:
     """The client's ``name`` only lends a sanitized extension; the file name is ours."""
     suffix = PurePosixPath(spec.name.replace("\\", "/")).suffix
     if not _SAFE_SUFFIX.fullmatch(suffix):
         suffix = mimetypes.guess_extension(spec.mime) or ".bin"
-    media_dir.mkdir(parents=True, exist_ok=True)
-    target = media_dir / f"{uuid.uuid4().hex}{suffix.lower()}"
-    with open(target, "xb") as fh:
-        fh.write(spec.data)
+    target = save_file(folder, f"{uuid.uuid4().hex}{suffix.lower()}", spec.data)
     return Media(kind=media_kind(spec.mime), path=str(target), mime=spec.mime, size=len(spec.data))
 
 

@@ -91,9 +91,10 @@ class TelegramChannel(StateWatch, ChannelBase):
                   "you, briefly.")
 
     def __init__(self, config: TelegramChannelConfig, *, bus: MessageBus, store: Store,
-                 media_dir: Path, commands: Mapping[str, str] = COMMAND_DESCRIPTIONS,
+                 workspace: Path, commands: Mapping[str, str] = COMMAND_DESCRIPTIONS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``clock`` (monotonic seconds) drives the watchdog and the typing cap."""
+        """``workspace``: files people send are saved under its ``inbox/telegram/<chat>/``;
+        ``clock`` (monotonic seconds) drives the watchdog and the typing cap."""
         if config.token is None:
             raise TelegramChannelError("channels.telegram.token is required")
         self.config = config
@@ -112,7 +113,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         self._bot = self._new_bot()
         self._outbound = Outbound(self._bot, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
-                                rules=access_rules(config), media_dir=media_dir,
+                                rules=access_rules(config), workspace=workspace,
                                 max_media_bytes=config.max_media_bytes)
         self._me: User | None = None
         self._running = False
@@ -409,4 +410,4 @@ class TelegramChannel(StateWatch, ChannelBase):
 def create(deps: ChannelDeps) -> TelegramChannel:
     """The gateway's factory for ``channels.telegram``."""
     return TelegramChannel(deps.config.channels.telegram, bus=deps.bus, store=deps.store,
-                           media_dir=deps.data_path / "media" / NAME, clock=deps.monotonic)
+                           workspace=deps.config.workspace_path, clock=deps.monotonic)

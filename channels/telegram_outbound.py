@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
@@ -126,6 +125,9 @@ class Outbound:
                                           **where)
             return str(sent.message_id)
         data = await asyncio.to_thread(path.read_bytes)
+        if media.kind == "audio" and media.mime == "audio/ogg":  # a spoken answer
+            sent = await bot.send_voice(chat_id, data, filename=path.name, **where)
+            return str(sent.message_id)
         if photo_or_document(media, size) == "photo":
             try:
                 sent = await bot.send_photo(chat_id, data, filename=path.name, **where)
@@ -166,7 +168,8 @@ class Outbound:
             data = await file.download_as_bytearray()
         except TelegramError as exc:
             raise DownloadFailed(redact(exc.message, self._secrets)) from exc
-        return Fetched(bytes(data), f"{uuid.uuid4().hex}{file_suffix(att, file.file_path)}")
+        name = att.name or f"{inc.id}-{att.label.split()[0]}{file_suffix(att, file.file_path)}"
+        return Fetched(bytes(data), name)
 
 
 def _file_size(path: Path) -> int | None:

@@ -5,7 +5,7 @@ keeps a random chat id in local storage; its session is ``webchat:<chat_id>``. R
 
 - ``GET /``, ``/app.js``, ``/style.css``: the page; ``GET /api/info``: limits, token needed?
 - ``GET /api/history?chat_id=&after=|before=&limit=``: the chat's log (``webchat_store``).
-- ``GET /api/media/<name>?chat_id=``: an image the chat sent.
+- ``GET /api/media/<name>?chat_id=``: an image or a recording the chat sent.
 - ``GET /ws?chat_id=``: the WebSocket; JSON frames both ways (see ``webchat_frames``). To the
   page: ``ready``, ``message`` (a log entry), ``ack`` (a sent message was stored and handed to
   the bus), ``typing``, ``progress``, ``error``, ``pong``.
@@ -33,6 +33,7 @@ from aiohttp.typedefs import Handler
 from channels.base import ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
 from channels.webchat_frames import (
+    AUDIO_TYPES,
     IMAGE_TYPES,
     FrameError,
     check_chat_id,
@@ -53,6 +54,7 @@ from channels.webchat_store import MEDIA_NAME, WebchatLog
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
+from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store import Store
 from gateway.kernel.values import ChannelHints, Delivery
 
@@ -65,10 +67,12 @@ _log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).with_name("webchat_static")
 STATIC_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
-                "/style.css": ("style.css", "text/css")}
+                "/style.css": ("style.css", "text/css"),
+                "/mic.js": ("mic.js", "text/javascript")}
 MAX_PROGRESS_LINES = 20
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
+                               "media-src 'self' blob: data:; "
                                "connect-src 'self'; object-src 'none'; base-uri 'none'; "
                                "frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -98,12 +102,16 @@ class WebchatChannel(ChatSockets):
     wants_progress = True
 
     def __init__(self, config: WebchatChannelConfig, bus: MessageBus, store: Store, *,
-                 media_dir: Path) -> None:
+                 workspace: Path, earlier_media: Path | None = None) -> None:
+        """``workspace``: uploads are saved under its ``inbox/webchat/<chat>/``;
+        ``earlier_media``: where earlier versions saved them, still served to their chats."""
         self.config = config
         self._bus = bus
         self._log = WebchatLog(store)
-        self._media_dir = media_dir
-        self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
+        self._workspace = workspace
+        self._earlier_media = earlier_media
+        self._max_frame = max_frame_bytes(config.max_text_chars,
+                                          max(config.max_image_bytes, config.max_audio_bytes))
         self._token = config.token.encode() if config.token else None
         self._static: dict[str, tuple[bytes, str]] = {}
         self._sockets: dict[str, set[Socket]] = {}
@@ -239,6 +247,8 @@ class WebchatChannel(ChatSockets):
             "max_image_bytes": self.config.max_image_bytes,
             "max_frame_bytes": self._max_frame,
             "image_types": list(IMAGE_TYPES),
+            "max_audio_bytes": self.config.max_audio_bytes,
+            "audio_types": list(AUDIO_TYPES),
         })
 
     async def _get_history(self, request: web.Request) -> web.Response:
@@ -260,9 +270,14 @@ class WebchatChannel(ChatSockets):
         chat_id = check_chat_id(request.query.get("chat_id"))
         name = request.match_info["name"]
         image = await self._log.image_of(chat_id, name) if MEDIA_NAME.fullmatch(name) else None
-        path = self._media_dir / name
-        if image is None or not await asyncio.to_thread(path.is_file):
-            raise ApiError("name: no such image in this chat", 404)
+        folders = (inbox_path(self._workspace, self.name, chat_id), self._earlier_media)
+        path = None
+        for folder in folders if image is not None else ():
+            if folder is not None and await asyncio.to_thread((folder / name).is_file):
+                path = folder / name
+                break
+        if image is None or path is None:
+            raise ApiError("name: no such file in this chat", 404)
         return web.FileResponse(path, headers={"Content-Type": image["mime"],
                                                "Cache-Control": "private, max-age=86400"})
 
@@ -270,5 +285,6 @@ class WebchatChannel(ChatSockets):
 def create(deps: ChannelDeps) -> WebchatChannel:
     """The gateway's factory for ``channels.webchat``."""
     return WebchatChannel(deps.config.channels.webchat, deps.bus, deps.store,
-                          media_dir=deps.data_path / "media" / "webchat")
+                          workspace=deps.config.workspace_path,
+                          earlier_media=deps.data_path / "media" / "webchat")
 

@@ -2,7 +2,8 @@
 
 Frames are JSON objects with a ``type``. From the page: ``auth`` ``{"token"}`` (first frame,
 when a token is configured and no ``Authorization`` header came), ``message`` ``{"chat_id",
-"message_id", "text", "image"?: {"data_base64", "mime", "name"?}}`` and ``ping``. A refused
+"message_id", "text", "image"?: {"data_base64", "mime", "name"?}, "audio"?: {"data_base64",
+"mime"}}`` (a recording from the page's microphone; never with an image) and ``ping``. A refused
 frame gets ``{"type": "error", "error": "<field>: <why>", "message_id", "retry"}``, naming the
 field at fault, so the page can show the reason next to the message it concerns.
 """
@@ -15,7 +16,7 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,11 @@ UINT = re.compile(r"[0-9]{1,18}")
 IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
                "image/webp": ".webp"}
 """Raster formats only: an SVG is a document that can carry script."""
-_MESSAGE_FIELDS = frozenset({"type", "chat_id", "message_id", "text", "image"})
+AUDIO_TYPES = {"audio/webm": ".webm", "audio/ogg": ".ogg", "audio/mp4": ".m4a",
+               "audio/mpeg": ".mp3", "audio/wav": ".wav"}
+"""What browsers' MediaRecorder makes (Chrome: WebM, Firefox: Ogg, Safari: MP4), and files."""
+UPLOAD_TYPES = {**IMAGE_TYPES, **AUDIO_TYPES}
+_MESSAGE_FIELDS = frozenset({"type", "chat_id", "message_id", "text", "image", "audio"})
 _IMAGE_FIELDS = frozenset({"data_base64", "mime", "name"})
 
 
@@ -59,6 +64,7 @@ class ClientMessage:
     message_id: str
     text: str
     image: ImageData | None
+    audio: ImageData | None = None
 
 
 def human_bytes(n: int) -> str:
@@ -106,7 +112,7 @@ def parse_frame(raw: str) -> dict[str, Any]:
 
 
 def parse_message(data: dict[str, Any], *, chat_id: str, max_text_chars: int,
-                  max_image_bytes: int) -> ClientMessage:
+                  max_image_bytes: int, max_audio_bytes: int = 0) -> ClientMessage:
     """A ``message`` frame of the socket opened for ``chat_id``, or FrameError."""
     raw_id = data.get("message_id")
     if not isinstance(raw_id, str) or not MESSAGE_ID.fullmatch(raw_id):
@@ -134,33 +140,55 @@ def parse_message(data: dict[str, Any], *, chat_id: str, max_text_chars: int,
             image = parse_image(data["image"], max_image_bytes)
         except FrameError as exc:
             raise fail(exc.message) from None
-    if not text.strip() and image is None:
-        raise fail("text: required, unless an image is sent")
-    return ClientMessage(chat_id, message_id, text, image)
+    audio = None
+    if data.get("audio") is not None:
+        if image is not None:
+            raise fail("audio: a recording is sent on its own, without an image")
+        try:
+            audio = parse_audio(data["audio"], max_audio_bytes)
+        except FrameError as exc:
+            raise fail(exc.message) from None
+    if not text.strip() and image is None and audio is None:
+        raise fail("text: required, unless an image or a recording is sent")
+    return ClientMessage(chat_id, message_id, text, image, audio)
 
 
 def parse_image(value: Any, max_bytes: int) -> ImageData:
+    return _upload(value, "image", IMAGE_TYPES, sniff_image, max_bytes)
+
+
+def parse_audio(value: Any, max_bytes: int) -> ImageData:
+    """A recording; ``audio/webm;codecs=opus`` is taken as ``audio/webm``."""
+    if max_bytes <= 0:
+        raise FrameError("audio: recordings are not accepted here")
+    if isinstance(value, dict) and isinstance(value.get("mime"), str):
+        value = {**value, "mime": value["mime"].split(";", 1)[0].strip().lower()}
+    return _upload(value, "audio", AUDIO_TYPES, sniff_audio, max_bytes)
+
+
+def _upload(value: Any, field: str, types: Mapping[str, str],
+            sniff: Callable[[bytes], str | None], max_bytes: int) -> ImageData:
     if not isinstance(value, dict):
-        raise FrameError("image: must be an object with data_base64 and mime")
+        raise FrameError(f"{field}: must be an object with data_base64 and mime")
     unknown = sorted(set(value) - _IMAGE_FIELDS)
     if unknown:
-        raise FrameError(f"image.{unknown[0]}: unknown field")
+        raise FrameError(f"{field}.{unknown[0]}: unknown field")
     mime, encoded = value.get("mime"), value.get("data_base64")
-    if mime not in IMAGE_TYPES:
-        raise FrameError(f"image.mime: must be one of {', '.join(IMAGE_TYPES)}")
+    if not isinstance(mime, str) or mime not in types:
+        raise FrameError(f"{field}.mime: must be one of {', '.join(types)}")
     if not isinstance(encoded, str) or not encoded:
-        raise FrameError("image.data_base64: required, a base64 string")
-    too_big = FrameError(f"image: larger than the {human_bytes(max_bytes)} limit")
+        raise FrameError(f"{field}.data_base64: required, a base64 string")
+    too_big = FrameError(f"{field}: larger than the {human_bytes(max_bytes)} limit")
     if len(encoded) > base64_len(max_bytes):  # refuse before spending memory on decoding
         raise too_big
     try:
         data = base64.b64decode(encoded, validate=True)
     except (ValueError, binascii.Error):
-        raise FrameError("image.data_base64: not valid base64") from None
+        raise FrameError(f"{field}.data_base64: not valid base64") from None
     if len(data) > max_bytes:
         raise too_big
-    if sniff_image(data) != mime:
-        raise FrameError(f"image.data_base64: not a {mime} image")
+    if sniff(data) != mime:
+        raise FrameError(f"{field}.data_base64: not a {mime} {field}")
     return ImageData(data, mime)
 
 
@@ -174,6 +202,21 @@ def sniff_image(data: bytes) -> str | None:
         return "image/gif"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
+    return None
+
+
+def sniff_audio(data: bytes) -> str | None:
+    """The recording's container, so a file is never stored or served under a false type."""
+    if data.startswith(b"\x1a\x45\xdf\xa3"):
+        return "audio/webm"
+    if data.startswith(b"OggS"):
+        return "audio/ogg"
+    if data[4:8] == b"ftyp":
+        return "audio/mp4"
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "audio/wav"
+    if data.startswith(b"ID3") or data[:2] in (b"\xff\xfb", b"\xff\xf3", b"\xff\xf2"):
+        return "audio/mpeg"
     return None
 
 

@@ -29,10 +29,11 @@ from channels.webchat_frames import (
     parse_frame,
     parse_message,
 )
-from channels.webchat_store import LogEntry, WebchatLog, save_image, user_key
+from channels.webchat_store import LogEntry, WebchatLog, is_audio, save_image, user_key
 from gateway.kernel.bus import BusClosed, MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import InboundKind, InboundMessage, Media
+from gateway.kernel.inbox_files import inbox_path
 
 _log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class ChatSockets:
     config: WebchatChannelConfig
     _bus: MessageBus
     _log: WebchatLog
-    _media_dir: Path
+    _workspace: Path
     _max_frame: int
     _token: bytes | None
     _sockets: dict[str, set[Socket]]
@@ -190,10 +191,12 @@ class ChatSockets:
             if kind == "message":
                 msg = parse_message(data, chat_id=sock.chat_id,
                                     max_text_chars=self.config.max_text_chars,
-                                    max_image_bytes=self.config.max_image_bytes)
+                                    max_image_bytes=self.config.max_image_bytes,
+                                    max_audio_bytes=self.config.max_audio_bytes)
                 lock = self._chat_locks.setdefault(sock.chat_id, asyncio.Lock())
                 async with lock:  # two tabs resending one message publish it once
-                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text, msg.image)
+                    await self._accept(sock, msg.chat_id, msg.message_id, msg.text,
+                                       msg.image or msg.audio)
             elif kind == "ping":
                 sock.push({"type": "pong"})
             elif kind != "auth":  # a second auth frame (header already did it) is harmless
@@ -223,7 +226,7 @@ class ChatSockets:
             raise FrameError("gateway is restarting; the message is sent again after it",
                              message_id=message_id, retry=True)
         if entry is None:
-            saved = await asyncio.to_thread(save_image, image, self._media_dir) \
+            saved = await asyncio.to_thread(save_image, image, self._inbox(chat_id)) \
                 if image else None
             entry, _ = await self._log.add(
                 chat_id=chat_id, role="user", kind=_inbound_kind(text), text=text, key=key,
@@ -240,10 +243,14 @@ class ChatSockets:
                    "duplicate": False})
         self._broadcast(chat_id, {"type": "message", "message": entry.to_json()})
 
+    def _inbox(self, chat_id: str) -> Path:
+        return inbox_path(self._workspace, self.name, chat_id)
+
     def _inbound(self, entry: LogEntry) -> InboundMessage:
         media: tuple[Media, ...] = ()
         if entry.image:
-            media = (Media(kind="image", path=str(self._media_dir / entry.image["name"]),
+            media = (Media(kind="audio" if is_audio(entry.image) else "image",
+                           path=str(self._inbox(entry.chat_id) / entry.image["name"]),
                            mime=entry.image["mime"], size=entry.image["size"]),)
         assert entry.message_id is not None
         return InboundMessage(

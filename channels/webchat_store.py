@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from channels.webchat_frames import IMAGE_TYPES, ImageData
+from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
 from gateway.kernel.store import Store
 
 Role = Literal["user", "assistant"]
@@ -42,7 +42,7 @@ CREATE INDEX IF NOT EXISTS webchat_log_media ON webchat_log(media_name)
     WHERE media_name IS NOT NULL;
 """
 
-MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp)")
+MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp|webm|ogg|m4a|mp3|wav)")
 """The names ``save_image`` gives: nothing else is ever looked up under the media folder."""
 _COLS = "seq, chat_id, role, kind, text, image, message_id, reply_to, accepted, created_at"
 
@@ -55,7 +55,8 @@ class LogEntry:
     kind: str
     text: str
     image: dict[str, Any] | None
-    """``{"name", "mime", "size"}`` of a stored image; ``name`` is served by /api/media."""
+    """``{"name", "mime", "size"}`` of a stored image (``"kind": "audio"`` too for a
+    recording); ``name`` is served by /api/media."""
     message_id: str | None
     reply_to: str | None
     accepted: bool
@@ -66,17 +67,25 @@ class LogEntry:
         """What the page gets; ``pending`` marks a user message the bus has not taken yet (the
         page that sent it keeps it in its outbox and sends it again)."""
         return {"seq": self.seq, "role": self.role, "kind": self.kind, "text": self.text,
-                "image": self.image, "message_id": self.message_id, "reply_to": self.reply_to,
+                "image": None if is_audio(self.image) else self.image,
+                **({"audio": self.image} if is_audio(self.image) else {}),
+                "message_id": self.message_id, "reply_to": self.reply_to,
                 "created_at": self.created_at, "pending": not self.accepted}
 
 
-def save_image(image: ImageData, media_dir: Path) -> dict[str, Any]:
-    """Write an uploaded image under a name of ours (blocking; run in a thread)."""
-    media_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{uuid.uuid4().hex}{IMAGE_TYPES[image.mime]}"
-    with open(media_dir / name, "xb") as fh:
+def save_image(image: ImageData, folder: Path) -> dict[str, Any]:
+    """Write an upload (an image or a recording) into the chat's inbox ``folder`` under a
+    name of ours (blocking; run in a thread)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{uuid.uuid4().hex}{UPLOAD_TYPES[image.mime]}"
+    with open(folder / name, "xb") as fh:
         fh.write(image.data)
-    return {"name": name, "mime": image.mime, "size": len(image.data)}
+    saved = {"name": name, "mime": image.mime, "size": len(image.data)}
+    return {**saved, "kind": "audio"} if image.mime in AUDIO_TYPES else saved
+
+
+def is_audio(saved: dict[str, Any] | None) -> bool:
+    return bool(saved) and saved.get("kind") == "audio"  # type: ignore[union-attr]
 
 
 def _entry(row: Any) -> LogEntry:

@@ -26,6 +26,7 @@ from channels.base import Channel, ChannelDeps, ChannelStatus
 from gateway.cron import CronScheduler
 from gateway.delivery import ChannelManager, ChannelStats
 from gateway.heartbeat import Heartbeat
+from gateway.inbox_cleanup import InboxCleanup
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
@@ -77,6 +78,7 @@ class Gateway:
         self.mcp: MCPManager | None = None
         self.subagents: SubagentManager | None = None
         self.exec_access: ExecAccess | None = None
+        self.inbox_cleanup: InboxCleanup | None = None
 
     @property
     def state(self) -> str:
@@ -163,6 +165,9 @@ class Gateway:
                                        timezone=config.cron_timezone, clock=self.clock,
                                        busy=agent.is_busy)
             await self.heartbeat.start()
+        self.inbox_cleanup = InboxCleanup(config.agent.media.inbox, store,
+                                          workspace=config.workspace_path)
+        await self.inbox_cleanup.start()
 
     async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:
         """MCP servers (their tools join the registry as they connect) and subagents."""
@@ -222,7 +227,7 @@ class Gateway:
             await self.subagents.stop()
         if self.mcp is not None:  # after the turns: a stdio server's process ends here
             await self.mcp.stop()
-        for schedule in (self.heartbeat, self.cron):
+        for schedule in (self.heartbeat, self.cron, self.inbox_cleanup):
             if schedule is not None:
                 await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))

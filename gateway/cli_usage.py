@@ -16,7 +16,7 @@ from rich.table import Table
 from gateway.cli_common import ConfigOpt, fail, load, out, run_sync, with_store
 
 # gateway.cli imports this module to register it: the rest is imported when a command runs.
-By = Literal["person", "chat", "model", "day", "session", "turn"]
+By = Literal["person", "chat", "model", "day", "session", "turn", "kind"]
 _DAYS_BACK = re.compile(r"^(\d+)d$")
 
 
@@ -39,7 +39,8 @@ def usage_command(
     config_path: ConfigOpt = None,
     by: Annotated[By | None, typer.Option(
         "--by", help="Group by person (channel:sender_id), chat, model, day, session (its "
-                     "id) or turn.")] = None,
+                     "id), turn or kind (chat, transcription, vision, document, speech).")]
+    = None,
     since: Annotated[str | None, typer.Option(
         "--since", help="From this day on: 2025-01-31, today, or 7d (the last 7 days).")]
     = None,

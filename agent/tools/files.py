@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 from agent.tools.base import ToolError, ToolRetry, tool
 from agent.turn import TurnContext
+from gateway.kernel.inbox_files import chat_folder
 
 MAX_LIST_ENTRIES = 500
 _SNIFF_BYTES = 8192
@@ -48,9 +49,10 @@ def resolve_in_workspace(workspace: Path, path: str, *, restrict: bool = True) -
 
 PUBLIC_FOLDERS = frozenset({"skills", "shared"})
 """The workspace is the owner's: anyone else's file tools reach only these folders at its top
-(the skills, and whatever the owner puts in ``shared/`` for everyone). MEMORY.md, USER.md,
-``memory/`` and the owner's other files stay out of their reach (the memory tool reads a
-person's own notes for them)."""
+(the skills, and whatever the owner puts in ``shared/`` for everyone), and the inbox folder of
+the chat the turn is in (``inbox/<channel>/<chat>/``: the files sent in that chat, which its
+people saw anyway; never another chat's). MEMORY.md, USER.md, ``memory/`` and the owner's
+other files stay out of their reach (the memory tool reads a person's own notes for them)."""
 
 
 def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
@@ -62,10 +64,12 @@ def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
     target = resolve_in_workspace(ctx.workspace, path, restrict=restrict)
     if not owner:
         rel = target.relative_to(ctx.workspace.expanduser().resolve())
-        if not rel.parts or rel.parts[0] not in PUBLIC_FOLDERS:
+        own = chat_folder(ctx.message.channel, ctx.message.chat_id)
+        if not (rel.parts and rel.parts[0] in PUBLIC_FOLDERS) and \
+                rel.parts[:len(own.parts)] != own.parts:
             raise ToolError(f"{path} is private to the owner; in this conversation only "
-                            f"{' and '.join(sorted(f'{f}/' for f in PUBLIC_FOLDERS))} of the "
-                            "workspace can be opened")
+                            f"{', '.join(sorted(f'{f}/' for f in PUBLIC_FOLDERS))} and {own}/ "
+                            "of the workspace can be opened")
     return target
 
 

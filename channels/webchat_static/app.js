@@ -365,6 +365,11 @@
     }
     node.appendChild(body);
     if (m.image) node.appendChild(imageNode(m.image, m.local_image));
+    if (m.audio && window.parleyAudioNode) { // mic.js
+      const url = `/api/media/${encodeURIComponent(m.audio.name)}?chat_id=${encodeURIComponent(state.chatId)}`;
+      node.appendChild(window.parleyAudioNode(m.audio, m.local_audio,
+        () => fetch(url, { headers: authHeaders() })));
+    }
     return node;
   }
 
@@ -442,6 +447,8 @@
       role: "user", kind: frame.text.startsWith("/") ? "command" : "user", text: frame.text,
       image: frame.image ? { name: "" } : null,
       local_image: frame.image && `data:${frame.image.mime};base64,${frame.image.data_base64}`,
+      audio: frame.audio ? { name: "" } : null,
+      local_audio: frame.audio && `data:${frame.audio.mime};base64,${frame.audio.data_base64}`,
       created_at: null,
     });
     node.classList.add("pending");
@@ -724,11 +731,12 @@
     ui.file.value = "";
   }
 
-  function submit(text, withImage) {
+  function submit(text, withImage, audio) {
     composerError("");
     const image = withImage ? state.attachment : null;
-    if (!text.trim() && !image) return false;
+    if (!text.trim() && !image && !audio) return false;
     const frame = { type: "message", chat_id: state.chatId, message_id: randomId(), text };
+    if (audio) frame.audio = audio; // a recording from mic.js
     if (image) {
       frame.image = { data_base64: image.dataUrl.slice(image.dataUrl.indexOf(",") + 1),
                       mime: image.mime, name: image.name };
@@ -781,6 +789,11 @@
     if (ui.file.files && ui.file.files[0]) attach(ui.file.files[0]);
   });
   ui.removeAttachment.addEventListener("click", clearAttachment);
+  window.parleySendAudio = async (blob) => { // a recording from mic.js
+    const url = await readDataUrl(blob);
+    return submit("", false, { data_base64: url.slice(url.indexOf(",") + 1), mime: blob.type });
+  };
+  window.parleyComposerError = composerError;
   ui.newButton.addEventListener("click", () => submit("/new", false));
   ui.earlier.addEventListener("click", () => {
     loadEarlier().catch((err) => systemError(`Could not load earlier messages: ${err.message}`));

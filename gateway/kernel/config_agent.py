@@ -20,6 +20,7 @@ from gateway.kernel.config_fields import (
     Section,
     check_target,
 )
+from gateway.kernel.config_media import MediaConfig
 from gateway.kernel.config_trust import TrustConfig
 from gateway.kernel.config_usage import (
     ChatDefaults,
@@ -274,6 +275,9 @@ class AgentConfig(Section):
     usage: UsageConfig = UsageConfig()
     limits: LimitsConfig = LimitsConfig()
     models: ModelsConfig = ModelsConfig()
+    media: MediaConfig = MediaConfig()
+    """Received files: the inbox's cleanup, transcription, images, documents, voice replies
+    (``gateway/kernel/config_media.py``)."""
     chats: dict[str, ChatDefaults] = Field(default_factory=dict)
     """``channel:chat_id`` (one chat), ``channel:server:<id>`` (a Discord server's chats) or
     ``channel`` (all its chats) → the default model alias and a system-prompt addition; the

@@ -161,6 +161,8 @@ class WebchatChannelConfig(Section):
     """Required beyond loopback: the page asks for it once; HTTP sends it as a bearer token."""
     max_text_chars: int = Field(20_000, gt=0)
     max_image_bytes: int = Field(5 * 1024 * 1024, gt=0)
+    max_audio_bytes: int = Field(10 * 1024 * 1024, ge=0)
+    """A recording from the page's microphone (transcribed by ``agent.media``); 0: none."""
     allowed_origins: list[str] = Field(default_factory=list)
     """Extra page origins (``https://chat.example.com``) allowed to open the WebSocket."""
     history_limit: int = Field(200, gt=0, le=5000)

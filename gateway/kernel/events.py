@@ -45,6 +45,10 @@ class Media:
     url: str | None = None
     mime: str | None = None
     size: int | None = None
+    text: str | None = None
+    """What the agent's pre-turn step (``agent/media/``) read of it — a transcript, an image's
+    description, a document's head — shown to the model after the file's path. An image with
+    a text goes to the model as that text, never as an image."""
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.url is None):
@@ -52,7 +56,8 @@ class Media:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in (("kind", self.kind), ("path", self.path), ("url", self.url),
-                                  ("mime", self.mime), ("size", self.size)) if v is not None}
+                                  ("mime", self.mime), ("size", self.size),
+                                  ("text", self.text)) if v is not None}
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

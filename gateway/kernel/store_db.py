@@ -74,7 +74,9 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     chat TEXT,
     trust TEXT,
     cost REAL NOT NULL DEFAULT 0,
-    day TEXT
+    day TEXT,
+    kind TEXT NOT NULL DEFAULT 'chat',
+    audio_seconds REAL
 );
 CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
 
@@ -145,15 +147,18 @@ CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
 
 
 _LEDGER_COLUMNS = {"session_id": "INTEGER", "person": "TEXT", "chat": "TEXT", "trust": "TEXT",
-                   "cost": "REAL NOT NULL DEFAULT 0", "day": "TEXT"}
+                   "cost": "REAL NOT NULL DEFAULT 0", "day": "TEXT",
+                   "kind": "TEXT NOT NULL DEFAULT 'chat'", "audio_seconds": "REAL"}
+"""Columns added since the first ledger: ``kind`` and ``audio_seconds`` came with the media
+steps (``agent/media``), whose costs are kept beside the model calls."""
 _LEDGER_INDEXES = """
 CREATE INDEX IF NOT EXISTS llm_calls_person_day ON llm_calls(person, day);
 """
 
 
 async def _upgrade(db: aiosqlite.Connection) -> None:
-    """Databases from before the usage ledger: its columns added to ``llm_calls`` (older
-    rows have no person, chat or day, and cost 0)."""
+    """Databases from before the usage ledger or the media steps: the columns added to
+    ``llm_calls`` (older rows have no person, chat or day, cost 0, and are ``chat`` calls)."""
     columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(llm_calls)")}
     for name, kind in _LEDGER_COLUMNS.items():
         if name not in columns:

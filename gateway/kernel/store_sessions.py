@@ -66,6 +66,11 @@ class LLMCallRecord:
     latency_ms: float
     attempts: int
     cost: float = 0.0
+    kind: str = "chat"
+    """``chat`` (a model call of the turn), or a pre-turn media step (``agent/media``):
+    ``transcription``, ``vision``, ``document``, ``speech``."""
+    audio_seconds: float | None = None
+    """Seconds of audio transcribed or spoken, when known."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +96,8 @@ def content_text(content: Any) -> str:
 
 
 INSERT_CALL = ("INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
-               "latency_ms, attempts, created_at, session_id, person, chat, trust, cost, day) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+               "latency_ms, attempts, created_at, session_id, person, chat, trust, cost, day, "
+               "kind, audio_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
@@ -101,7 +106,8 @@ def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
     tags = (usage.person, usage.chat, usage.trust, iso(usage.at), usage.day) if usage \
         else (None, None, None, now, None)
     return [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
-             c.attempts, tags[3], session_id, *tags[:3], c.cost, tags[4]) for c in calls]
+             c.attempts, tags[3], session_id, *tags[:3], c.cost, tags[4], c.kind,
+             c.audio_seconds) for c in calls]
 
 
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"

@@ -12,9 +12,9 @@ from typing import Literal
 
 from gateway.kernel.store_db import Database, iso
 
-UsageBy = Literal["person", "chat", "model", "day", "session", "turn"]
+UsageBy = Literal["person", "chat", "model", "day", "session", "turn", "kind"]
 _GROUP = {"person": "person", "chat": "chat", "model": "model", "day": "day",
-          "session": "session_id", "turn": "turn_id"}
+          "session": "session_id", "turn": "turn_id", "kind": "kind"}
 Scope = Literal["person", "chat"]
 
 

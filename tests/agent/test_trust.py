@@ -182,3 +182,27 @@ async def test_others_reach_only_the_public_folders_of_the_workspace(tmp_path: P
         listing = await registry.execute("list_dir", {"path": "."}, ctx)
         assert listing.is_error and "taxes" not in listing.text
     assert "income" in await read("owner", "taxes-2026.txt")
+
+
+async def test_a_person_reads_their_own_chats_inbox_and_no_other(tmp_path: Path) -> None:
+    """Files sent in a chat are readable by that chat's turns; another chat's, or another
+    channel's folder of the same chat id, stay private."""
+    for rel, text in (("inbox/discord/c1/voice.txt", "mine"),
+                      ("inbox/discord/c2/contract.txt", "theirs"),
+                      ("inbox/telegram/c1/x.txt", "elsewhere")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    registry = build_registry(ToolsConfig())
+
+    async def read(trust: str, chat: str, path: str) -> str:
+        ctx = TurnContext(message=msg(trust, chat=chat), session_id=1, workspace=tmp_path)
+        return (await registry.execute("read_file", {"path": path}, ctx)).text
+
+    for trust in ("guest", "member"):
+        assert "mine" in await read(trust, "c1", "inbox/discord/c1/voice.txt")
+        for other in ("inbox/discord/c2/contract.txt", "inbox/telegram/c1/x.txt",
+                      "inbox/discord/c1/../c2/contract.txt", "inbox/discord"):
+            refused = await read(trust, "c1", other)
+            assert "private to the owner" in refused and "theirs" not in refused, other
+        assert "theirs" in await read(trust, "c2", "inbox/discord/c2/contract.txt")
+    assert "theirs" in await read("owner", "c1", "inbox/discord/c2/contract.txt")

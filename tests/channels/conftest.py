@@ -23,7 +23,7 @@ from tests.channels.webchat_page import gw, page, webchat_config  # noqa: F401 (
 def make_channel(tmp_path: Path, bus: MessageBus, **config: Any) -> LocalChannel:
     settings: dict[str, Any] = {"port": 0, "max_text_chars": 1000, "max_media_bytes": 1024}
     settings.update(config)
-    return LocalChannel(LocalChannelConfig(**settings), bus, media_dir=tmp_path / "media",
+    return LocalChannel(LocalChannelConfig(**settings), bus, workspace=tmp_path,
                         health=lambda: {"gateway": "up", "sessions": 3})
 
 

@@ -92,7 +92,7 @@ def pipeline(platform: FakePlatform, pairing: PairingStore, tmp_path: Path, *,
     rules = AccessRules.of(**{"dm_policy": "pairing", "group_policy": "mention",
                               "group_history": 20, "allow_from": [ADA.id], **settings})
     return Inbound("chat", platform, WORDING, bus=bus or MessageBus(), pairing=pairing,
-                   rules=rules, media_dir=tmp_path / "media", max_media_bytes=LIMIT,
+                   rules=rules, workspace=tmp_path, max_media_bytes=LIMIT,
                    allow_bots=allow_bots, retry=BackoffPolicy(base=0.001, jitter=0.0))
 
 
@@ -122,7 +122,7 @@ async def test_files_saved_refused_or_noted(pairing: PairingStore, tmp_path: Pat
     [msg] = await inbound.prepare(said(ADA, "look", direct=True, files=files))
     [media] = msg.media
     assert Path(media.path or "").read_bytes() == b"hello" and media.size == 5
-    assert Path(media.path or "").parent == tmp_path / "media"
+    assert Path(media.path or "") == tmp_path / "inbox" / "chat" / "1" / "10-0"
     assert msg.text == ("look\n[big.txt, 500 bytes, over 100 bytes]\n"
                         "[grown.txt, unknown size, over 100 bytes]\n[lost.txt was lost]")
     assert platform.notices == [("1", "too big (over 100): big.txt, grown.txt", True)]

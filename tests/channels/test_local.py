@@ -143,7 +143,7 @@ async def test_oversize_base64_media_is_refused_naming_it(http: aiohttp.ClientSe
         assert (await resp.json())["error"].startswith("media[0].data_base64: larger than")
 
 
-async def test_base64_media_is_saved_under_media_dir(http: aiohttp.ClientSession,
+async def test_base64_media_is_saved_in_the_chat_inbox(http: aiohttp.ClientSession,
                                                      bus: MessageBus, tmp_path: Path) -> None:
     payload = b"\x89PNG fake image bytes"
     media = [{"data_base64": base64.b64encode(payload).decode(), "mime": "image/png",
@@ -154,7 +154,7 @@ async def test_base64_media_is_saved_under_media_dir(http: aiohttp.ClientSession
     (item,) = msg.media
     assert (item.kind, item.mime, item.size) == ("image", "image/png", len(payload))
     saved = Path(item.path or "")
-    assert saved.parent == tmp_path / "media"
+    assert saved.parent == tmp_path / "inbox" / "local" / msg.chat_id
     assert saved.suffix == ".png" and "evil" not in saved.name
     assert await asyncio.to_thread(saved.read_bytes) == payload
 
@@ -171,8 +171,12 @@ async def test_path_media_takes_kind_and_size_from_the_file(http: aiohttp.Client
         assert (await resp.json())["error"].startswith("media[0].path: larger than")
     async with http.post("/v1/messages", json={**GOOD, "media": [{"path": str(song)}]}) as resp:
         assert resp.status == 202
-    (item,) = (await next_inbound(bus)).media
-    assert (item.kind, item.path, item.size) == ("audio", str(song), 100)
+    msg = await next_inbound(bus)
+    (item,) = msg.media
+    copy = tmp_path / "inbox" / "local" / msg.chat_id / "song.mp3"  # copied into the inbox
+    assert (item.kind, item.path, item.size) == ("audio", str(copy), 100)
+    assert copy.read_bytes() == song.read_bytes()
+    assert not list(tmp_path.glob("inbox/local/*/big*"))  # refused: nothing copied
 
 
 async def test_closed_bus_is_503(http: aiohttp.ClientSession, bus: MessageBus) -> None:
@@ -243,7 +247,7 @@ async def test_unexpected_error_is_500_json_and_logged(
         raise RuntimeError("health exploded")
 
     config = LocalChannelConfig.model_validate({"port": 0})
-    channel = LocalChannel(config, bus, media_dir=tmp_path, health=broken)
+    channel = LocalChannel(config, bus, workspace=tmp_path, health=broken)
     await channel.start()
     try:
         async with aiohttp.ClientSession(base_url=channel.base_url) as http:

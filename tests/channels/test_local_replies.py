@@ -165,7 +165,7 @@ async def run_with_agent(bus: MessageBus, channel: LocalChannel,
 
 async def test_ask_round_trip_in_process(tmp_path: Path, bus: MessageBus) -> None:
     config = LocalChannelConfig.model_validate({})
-    channel = LocalChannel(config, bus, media_dir=tmp_path, serve_http=False)
+    channel = LocalChannel(config, bus, workspace=tmp_path, serve_http=False)
     await channel.start()
 
     async def body() -> None:

@@ -77,7 +77,7 @@ async def make_channel(tg: FakeTelegram, store: Store,
             "base_file_url": tg.base_file_url, "poll_timeout": "0.2s", "watchdog": "2s",
             "dm_policy": "open", "typing_interval": "0.05s", **settings})
         channel = TelegramChannel(config, bus=bus or MessageBus(), store=store,
-                                  media_dir=tmp_path / "media", clock=clock or Clock())
+                                  workspace=tmp_path, clock=clock or Clock())
         made.append(channel)
         if start:
             await channel.start()
@@ -263,7 +263,7 @@ async def test_photo_download_and_the_size_cap(tg: FakeTelegram, make_channel: M
     assert got.text == "what is this?"
     [media] = got.media
     assert media.kind == "image" and Path(media.path or "").read_bytes() == b"jpeg bytes"
-    assert Path(media.path or "").parent == tmp_path / "media"
+    assert Path(media.path or "").parent == tmp_path / "inbox" / "telegram" / "1001"
     tg.document(chat, ada, b"x" * 2000, "big.pdf", "application/pdf", "summarize it")
     got = await next_inbound(bus)
     assert got.media == ()
@@ -309,7 +309,7 @@ async def test_bad_token_fails_start_without_showing_it(
     caplog.set_level(logging.DEBUG)
     config = TelegramChannelConfig(enabled=True, token="999:wrong-secret-token",
                                    base_url=tg.base_url, base_file_url=tg.base_file_url)
-    channel = TelegramChannel(config, bus=MessageBus(), store=store, media_dir=tmp_path)
+    channel = TelegramChannel(config, bus=MessageBus(), store=store, workspace=tmp_path)
     with pytest.raises(TelegramChannelError) as info:
         await channel.start()
     await channel.stop()

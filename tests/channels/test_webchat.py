@@ -144,7 +144,7 @@ async def test_image_reaches_the_model_and_the_history(page: Page, gw: Gateway,
     assert sent["image"]["mime"] == "image/png" and sent["image"]["size"] == len(PNG)
     name = sent["image"]["name"]
     assert name.endswith(".png") and "evil" not in name
-    assert (gw.config.data_path / "media" / "webchat" / name).read_bytes() == PNG
+    assert (gw.config.workspace_path / "inbox" / "webchat" / CHAT / name).read_bytes() == PNG
     url = f"{page.base}/api/media/{name}"
     async with page.http.get(url, params={"chat_id": CHAT}) as resp:
         assert resp.status == 200 and resp.content_type == "image/png"
@@ -165,7 +165,7 @@ async def test_oversize_image_is_refused_with_the_limit(webchat_config: Callable
         assert error == {"type": "error", "error": "image: larger than the 1 KB limit",
                          "message_id": "msg-00000001", "retry": False}
         assert (await page.history())["messages"] == []
-        media = gw.config.data_path / "media" / "webchat"
+        media = gw.config.workspace_path / "inbox"
         assert not media.exists() or not any(media.iterdir())
     assert llm.calls == 0
 
@@ -181,7 +181,7 @@ BAD_FRAMES: list[tuple[str, str]] = [
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": 5}',
      "text: must be a string"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": " "}',
-     "text: required, unless an image is sent"),
+     "text: required, unless an image or a recording is sent"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'
      ' "sender": "admin"}', "sender: unknown field"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'

@@ -119,7 +119,7 @@ async def test_channel_refuses_to_start_beyond_loopback_without_a_token(
         store: Store, tmp_path: Path) -> None:
     config = WebchatChannelConfig.model_construct(
         **{**WebchatChannelConfig().model_dump(), "host": "0.0.0.0", "enabled": True})
-    channel = WebchatChannel(config, MessageBus(), store, media_dir=tmp_path)
+    channel = WebchatChannel(config, MessageBus(), store, workspace=tmp_path)
     with pytest.raises(WebchatError, match="channels.webchat.token"):
         await channel.start()
     assert not channel.status().running

@@ -99,7 +99,7 @@ def channel_of(gw: Gateway) -> WebchatChannel:
 async def bare_channel(store: Store, tmp_path: Path, **config: Any) -> WebchatChannel:
     settings: dict[str, Any] = {"enabled": True, "port": 0, **config}
     channel = WebchatChannel(WebchatChannelConfig(**settings), MessageBus(), store,
-                             media_dir=tmp_path / "media")
+                             workspace=tmp_path)
     await channel.start()
     return channel
 

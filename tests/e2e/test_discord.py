@@ -238,12 +238,14 @@ async def test_attachments_in(gateway: Gateway, dc: FakeDiscord, llm: ScriptedLL
     asked = dc.post(dm, world["ada"], "what are these?", attachments=(
         ("cat.png", PNG, "image/png"), ("notes.pdf", b"%PDF-1.4 notes", "application/pdf"),
         ("film.mp4", b"not really", "video/mp4")), sizes=(len(PNG), 14, 30 * 1024 * 1024))
-    notice, answer = await dc.wait_sent(dm["id"], 2)
+    notice, unread, answer = await dc.wait_sent(dm["id"], 3)
     assert notice.reference == int(asked["id"])
+    assert unread.content.startswith(f"(I couldn't read {asked['id']}-1-notes.pdf: the PDF "
+                                     "could not be read")  # not a real PDF: said in one line
     assert "film.mp4 (30 MB)" in notice.content and "up to 25 MB" in notice.content
     assert answer.content == "A cat, some notes; the film was too big."
     inbox = gateway.config.workspace_path / "inbox"
-    notes = inbox / f"{asked['id']}-1-notes.pdf"
+    notes = inbox / "discord" / dm["id"] / f"{asked['id']}-1-notes.pdf"
     assert notes.read_bytes() == b"%PDF-1.4 notes"
     content = llm.last_request["messages"][-1]["content"]
     text = content[0]["text"]

@@ -208,3 +208,62 @@ async def test_the_page_asks_for_the_token_once(browser: Browser, make_config: M
         await expect(page.locator("#auth")).to_be_hidden()
         await expect(page.locator(".msg .body")).to_have_text(["hello", "authorized"])
     assert errors == []
+
+
+FAKE_MICROPHONE = """
+(() => {
+  const bytes = new Uint8Array([0x1a, 0x45, 0xdf, 0xa3, 0x9f, 0x42, 0x86, 0x81, 0x01,
+                                ...new TextEncoder().encode(" fake opus recording")]);
+  Object.defineProperty(navigator, "mediaDevices", { configurable: true, value: {
+    getUserMedia: async () => ({ getTracks: () => [{ stop() { window.__micReleased = true; } }] }),
+  } });
+  window.MediaRecorder = class extends EventTarget {
+    constructor(stream, options) {
+      super();
+      this.mimeType = (options && options.mimeType) || "audio/webm";
+    }
+    static isTypeSupported(type) { return type.startsWith("audio/webm"); }
+    start() {}
+    stop() {
+      const data = new Event("dataavailable");
+      data.data = new Blob([bytes], { type: this.mimeType });
+      this.dispatchEvent(data);
+      this.dispatchEvent(new Event("stop"));
+    }
+  };
+})();
+"""
+
+
+async def test_the_microphone_button_records_and_sends_a_voice_message(
+        browser: Browser, make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    """Chromium cannot record real audio here: a fake MediaRecorder stands in for the
+    device, and everything from the button on is the page's own code and the gateway's."""
+    from tests.fakes.audio_server import ScriptedAudio
+
+    llm.reply("Noted: call the plumber.")
+    errors: list[str] = []
+    async with ScriptedAudio() as audio:
+        audio.hears("call the plumber tomorrow", seconds=1.0)
+        config = make_config(channels={"webchat": {"enabled": True, "port": 0}}, agent={
+            "media": {"transcription": {"api_base": audio.base_url, "model": "whisper-1"}}})
+        async with Gateway(config) as gw:
+            page = await browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.add_init_script(FAKE_MICROPHONE)
+            await page.goto(url_of(gw))
+            await expect(page.locator("#conn")).to_have_text("connected")
+            mic = page.locator("#mic")
+            await expect(mic).to_be_visible()
+            await mic.click()
+            await expect(mic).to_have_attribute("aria-pressed", "true")
+            await mic.click()
+            await expect(mic).to_have_attribute("aria-pressed", "false")
+            await expect(page.locator(".msg.assistant.kind-reply .body")).to_have_text(
+                "Noted: call the plumber.")
+            await expect(page.locator(".msg.user .recording-note")).to_have_count(1)
+            assert await page.evaluate("window.__micReleased") is True
+        [heard] = audio.transcriptions
+    assert heard.file.startswith(b"\x1a\x45\xdf\xa3") and heard.content_type == "audio/webm"
+    assert "call the plumber tomorrow" in llm.last_request["messages"][-1]["content"]
+    assert errors == []

@@ -294,6 +294,9 @@ class TelegramMethods(TelegramState):
         if field_name == "photo":
             out["photo"] = [{"file_id": file_id, "file_unique_id": uid, "width": 640,
                              "height": 480, "file_size": size}]
+        elif field_name == "voice":
+            out["voice"] = {"file_id": file_id, "file_unique_id": uid, "duration": 1,
+                            "mime_type": "audio/ogg", "file_size": size}
         else:
             out["document"] = {"file_id": file_id, "file_unique_id": uid,
                                "file_name": filename, "file_size": size}
@@ -304,6 +307,9 @@ class TelegramMethods(TelegramState):
 
     async def _m_sendDocument(self, params: JSON, files: JSON) -> JSON:
         return await self._send_file("sendDocument", "document", params, files)
+
+    async def _m_sendVoice(self, params: JSON, files: JSON) -> JSON:
+        return await self._send_file("sendVoice", "voice", params, files)
 
     async def _m_getFile(self, params: JSON, files: JSON) -> JSON:
         found = self.files.get(params.get("file_id", ""))

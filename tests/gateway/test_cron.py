@@ -110,13 +110,6 @@ async def test_bad_schedules_are_refused_with_a_reason(store: Store, kind: str, 
 
 # the scheduler -----------------------------------------------------------------------------
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = await Store.open(tmp_path / "parley.db")
-    yield s
-    await s.close()
-
-
 class Rig:
     def __init__(self, store: Store, *, grace: float = 600) -> None:
         self.store = store

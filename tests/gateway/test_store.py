@@ -68,6 +68,22 @@ async def test_reopen_keeps_data(tmp_path: Path) -> None:
     await s.close()
 
 
+def old_ledger(path: Path, more_columns: str = "") -> Path:
+    """A database whose ``llm_calls`` has the first ledger's columns (and ``more_columns``),
+    with one row."""
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE llm_calls (id INTEGER PRIMARY KEY AUTOINCREMENT, turn_id TEXT NOT NULL, "
+        "model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT "
+        f"NULL, latency_ms REAL NOT NULL, attempts INTEGER NOT NULL, created_at TEXT NOT NULL"
+        f"{more_columns});"
+        "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, latency_ms, "
+        "attempts, created_at) VALUES ('t0', 'old-model', 10, 2, 5.0, 1, '2024-01-01');")
+    db.commit()
+    db.close()
+    return path
+
+
 async def test_an_older_database_gains_the_ledger_columns(tmp_path: Path) -> None:
     """A database from before the usage ledger: its llm_calls rows stay, the new columns
     are added, and a turn with usage tags writes them."""
@@ -75,17 +91,7 @@ async def test_an_older_database_gains_the_ledger_columns(tmp_path: Path) -> Non
 
     from gateway.kernel.store import LLMCallRecord, UsageTags
 
-    path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    db.executescript(
-        "CREATE TABLE llm_calls (id INTEGER PRIMARY KEY AUTOINCREMENT, turn_id TEXT NOT NULL, "
-        "model TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT "
-        "NULL, latency_ms REAL NOT NULL, attempts INTEGER NOT NULL, created_at TEXT NOT NULL);"
-        "INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, latency_ms, "
-        "attempts, created_at) VALUES ('t0', 'old-model', 10, 2, 5.0, 1, '2024-01-01');")
-    db.commit()
-    db.close()
-    store = await Store.open(path)
+    store = await Store.open(old_ledger(tmp_path / "old.db"))
     try:
         session = await store.active_session("local:c1")
         at = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
@@ -100,5 +106,27 @@ async def test_an_older_database_gains_the_ledger_columns(tmp_path: Path) -> Non
         ada = await store.usage_total(person="local:ada", day="2025-01-06")
         assert (ada.calls, ada.completion_tokens, ada.cost) == (1, 20, 0.5)
         assert [r.key for r in await store.usage_by("person")] == ["local:ada", "(unknown)"]
+    finally:
+        await store.close()
+
+
+async def test_media_steps_are_kept_in_the_ledger_by_kind(tmp_path: Path) -> None:
+    """A database from before the media steps gains ``kind`` (its rows are ``chat`` calls)
+    and ``audio_seconds``; a transcription is kept beside the model calls."""
+    from gateway.kernel.store import LLMCallRecord
+
+    store = await Store.open(old_ledger(tmp_path / "ledger.db", ", session_id INTEGER, "
+                                        "person TEXT, chat TEXT, trust TEXT, cost REAL NOT "
+                                        "NULL DEFAULT 0, day TEXT"))
+    try:
+        session = await store.active_session("local:c1")
+        await store.save_calls(session_id=session.id, turn_id="t1", calls=[
+            LLMCallRecord("whisper-1", 0, 0, 80.0, 1, cost=0.0002, kind="transcription",
+                          audio_seconds=2.5)], usage=None)
+        by_kind = {r.key: (r.calls, r.cost) for r in await store.usage_by("kind")}
+        assert by_kind == {"chat": (1, 0.0), "transcription": (1, 0.0002)}
+        row = await store._fetchone("SELECT audio_seconds FROM llm_calls WHERE turn_id = 't1'",
+                                    ())
+        assert row[0] == 2.5
     finally:
         await store.close()
