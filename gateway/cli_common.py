@@ -28,7 +28,8 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print ``error: message`` to stderr; the message is text, never read as markup (it may
     hold a job's name, a session key or a path with brackets)."""
-    err.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
+    err.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+              soft_wrap=True)
     return typer.Exit(code)
 
 
