@@ -79,12 +79,17 @@ def database_problem(path: Path) -> Problem | None:
 
 
 def path_problems(config: Config) -> list[Problem]:
-    """The workspace, data folder, database and log file: what would fail at start."""
+    """The workspace, data folder, database, log file and the local channel's token: what
+    would fail at start."""
     problems = [p for p in (folder_problem("workspace", config.workspace_path),
                             folder_problem("data_dir", config.data_path)) if p]
     if not any(p.key == "data_dir" for p in problems):
         if db := database_problem(config.db_path):
             problems.append(db)
+    local = config.channels.local
+    if local.enabled and local.token is None and not _loopback(local.host):
+        problems.append(Problem("channels.local.token", f"required to listen on {local.host!r}, "
+                                "which is not loopback; set a token or use host 127.0.0.1"))
     if config.logging.file:
         log = Path(config.logging.file).expanduser()
         if log.is_dir():
@@ -92,6 +97,15 @@ def path_problems(config: Config) -> list[Problem]:
         elif problem := folder_problem("logging.file", log.parent):
             problems.append(problem)
     return problems
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def listeners(config: Config) -> list[tuple[str, str, int]]:
