@@ -159,9 +159,10 @@ class Gateway:
 
     def __init__(self, clone: Path, env: dict[str, str], log: Path) -> None:
         self.log = log
-        self.proc = subprocess.Popen(["make", "run"], cwd=clone, env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL, stdout=log.open("wb"),
-                                     stderr=subprocess.STDOUT)
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(["make", "run"], cwd=clone, env=env,
+                                         start_new_session=True, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT)
 
     async def healthy(self, port: int) -> None:
         async def up() -> bool:
@@ -206,6 +207,7 @@ async def test_readme_commands_work_verbatim(tmp_path: Path, llm: ScriptedLLM) -
     ran: list[str] = []
     try:
         for block in blocks:
+            exports = ""  # a block's `export` lines hold for its later commands
             for command in block:
                 if command.key in NOT_RUN:
                     _check_not_run(command, clone, env)
@@ -224,15 +226,20 @@ async def test_readme_commands_work_verbatim(tmp_path: Path, llm: ScriptedLLM) -
                 for written_port, port in ports.items():
                     text = re.sub(rf"\b{written_port}\b", str(port), text)
                 done = await asyncio.to_thread(
-                    subprocess.run, ["bash", "-e", "-c", prelude + text], cwd=clone, env=env,
+                    subprocess.run, ["bash", "-e", "-c", prelude + exports + text], cwd=clone,
+                    env=env,
                     stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
                 said = done.stdout + done.stderr
                 assert done.returncode == 0, f"`{command.text}` failed:\n{said}"
                 assert "Traceback" not in said, said
                 if expected := EXPECT.get(command.key):
                     assert expected in done.stdout, f"`{command.text}`:\n{said}"
+                if command.key.startswith("echo "):
+                    assert done.stdout.strip(), f"`{command.text}` printed nothing"
                 if command.key.startswith(". .venv/bin/activate"):
                     prelude = ". .venv/bin/activate\n"
+                if command.key.startswith("export "):
+                    exports += text + "\n"
                 ran.append(command.key)
                 if command.key.startswith("curl -s 'localhost:8765/v1/messages"):
                     reply = json.loads(done.stdout)["messages"][0]
