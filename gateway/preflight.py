@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,22 +42,33 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+def _cannot_write(folder: Path) -> str | None:
+    """Why no folder can be made in ``folder``, tried for real (and removed): permissions,
+    a read-only file system, or a place such as /proc where nothing can be made, whoever
+    asks (root passes every ``os.access`` check)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".parley-check-", dir=folder))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def folder_problem(key: str, path: Path) -> Problem | None:
     """Why ``path`` cannot be (or become) a writable folder, or None."""
     if path.exists() or path.is_symlink():
         if not path.is_dir():
             return Problem(key, f"{path} is a file, not a folder; set {key} to a folder or "
                                 "move the file away")
-        if not os.access(path, os.W_OK | os.X_OK):
-            return Problem(key, f"{path} is not writable by this user; fix its permissions "
+        if why := _cannot_write(path):
+            return Problem(key, f"cannot write in {path} ({why}); fix its permissions "
                                 f"(chown/chmod) or set {key} elsewhere")
         return None
     parent = _nearest_existing(path.parent)
     if not parent.is_dir():
         return Problem(key, f"cannot create {path}: {parent} is a file; set {key} elsewhere")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return Problem(key, f"cannot create {path}: {parent} is not writable by this user; "
-                            f"create the folder yourself or set {key} elsewhere")
+    if why := _cannot_write(parent):
+        return Problem(key, f"cannot create {path}: nothing can be made in {parent} ({why}); "
+                            f"set {key} elsewhere")
     return None
 
 
@@ -186,6 +198,8 @@ def explain(exc: BaseException, config: Config) -> str | None:
             for key, host, port in listeners(config):
                 if str(port) in str(exc):
                     return str(port_in_use(key, host, port))
+            if taken := port_problems(config):  # the message did not say which: try each
+                return str(taken[0])
             return f"a port is already in use ({exc.strerror}); another gateway running?"
         if exc.errno == errno.ENOSPC:
             return f"data_dir: the disk is full ({exc.filename or config.data_path}); free " \

@@ -56,7 +56,8 @@ async def test_busy_port_is_one_line(tmp_path: Path, llm: ScriptedLLM, busy_port
     assert "set channels.local.port to a free port" in line
 
 
-@pytest.mark.parametrize("case", ["workspace_file", "workspace_uncreatable", "data_file"])
+@pytest.mark.parametrize("case", ["workspace_file", "workspace_uncreatable", "data_file",
+                                  "workspace_in_proc"])
 async def test_bad_paths_are_found_by_config_check_and_at_start(
         tmp_path: Path, llm: ScriptedLLM, case: str) -> None:
     blocker = tmp_path / "a-file"
@@ -67,6 +68,9 @@ async def test_bad_paths_are_found_by_config_check_and_at_start(
                                   f"workspace: cannot create {blocker / 'ws'}: {blocker} is a "
                                   "file"),
         "data_file": ("data_dir", blocker, f"data_dir: {blocker} is a file, not a folder"),
+        "workspace_in_proc": ("workspace", Path("/proc/parley-ws"),
+                              "workspace: cannot create /proc/parley-ws: nothing can be made "
+                              "in /proc"),
     }[case]
     config = _edit(write_config(tmp_path, llm), **{key: str(value)})
     code, out, err = await parley("config", "check", "--config", config)
