@@ -39,7 +39,7 @@ def test_a_port_in_use_names_its_key(tmp_path: Path) -> None:
             second.bind(("127.0.0.1", port))
         except OSError as exc:
             error = exc
-    line = explain(error, _config(tmp_path, port))
+        line = explain(error, _config(tmp_path, port))  # while it is still taken
     assert line is not None
     assert line.startswith(f"channels.local.port: 127.0.0.1:{port} is already in use")
 
