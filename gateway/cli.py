@@ -30,17 +30,9 @@ __all__ = ["ONBOARD_CONFIG", "app", "main"]
 app = typer.Typer(help="Parley: one AI agent on your chat channels.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 config_app = typer.Typer(help="Check the configuration.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-app.add_typer(sessions_app, name="sessions")
-app.add_typer(context_app, name="context")
-app.add_typer(pairing_app, name="pairing")
-app.add_typer(cron_app, name="cron")
-app.command("usage")(usage_command)
+config_app.command("check")(config_check)
 app.command("onboard")(onboard)
 app.command("doctor")(doctor)
-app.command("status")(status)
-app.command("backup")(backup)
-config_app.command("check")(config_check)
 
 
 def _version(value: bool) -> None:
@@ -143,6 +135,17 @@ def chat(
 
     code = run_sync(main(), config)
     raise typer.Exit(code)
+
+
+# registered after gateway and chat, so `parley --help` lists them in this order
+app.command("status")(status)
+app.add_typer(config_app, name="config")
+app.add_typer(sessions_app, name="sessions")
+app.add_typer(context_app, name="context")
+app.add_typer(pairing_app, name="pairing")
+app.add_typer(cron_app, name="cron")
+app.command("usage")(usage_command)
+app.command("backup")(backup)
 
 
 def main() -> None:

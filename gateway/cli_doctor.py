@@ -99,8 +99,9 @@ def _sandbox(config: Config, report: Report) -> None:
 
 
 def doctor(config_path: ConfigOpt = None) -> None:
-    """Check config, key, a model call, channel tokens, ports, folders, sandbox and disk;
-    exit status 1 when anything failed, each failure with its fix."""
+    """Check config, key, a model call, tokens, ports, folders, sandbox and disk.
+
+    Exit status 1 when anything failed, each failure with its fix."""
     from gateway.preflight import disk_problem, free_bytes, path_problems
 
     config = load(config_path)

@@ -51,8 +51,9 @@ def _exec_line(config: Config, health: dict[str, Any] | None) -> str:
 
 
 def status(config_path: ConfigOpt = None) -> None:
-    """Is the gateway running, which model, how many sessions (exit status 1 when it is
-    not running)."""
+    """Is the gateway running, which model, how many sessions.
+
+    Exit status 1 when the gateway is not running."""
     config = load(config_path)
     health = probe_health(config)
     say(f"config:   {config.source}")

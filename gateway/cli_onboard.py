@@ -267,8 +267,11 @@ def onboard(
     skip_test: Annotated[bool, typer.Option(
         "--skip-test", help="Write without trying the model and the tokens.")] = False,
 ) -> None:
-    """Write a config, secrets.env and a workspace: asks for the model (tried with one call),
-    the key and the channels (tokens tried), or takes them from the options."""
+    """Set up: ask for model, key, channels and WebChat (each tried), write the config.
+
+    Keys and tokens go to secrets.env beside the config (mode 600), never into it; the
+    workspace is made from the templates. --non-interactive takes the choices from the
+    options (secrets by the name of the variable that holds them)."""
     from gateway.kernel.config import read_env_file
     from workspace.bootstrap import seed_workspace
 
