@@ -203,10 +203,16 @@ def _from_options(choices: Choices, *, model: str | None, api_base: str | None,
                   api_key_env: str | None, telegram_env: str | None, telegram_url: str,
                   discord_env: str | None, discord_url: str,
                   secrets: dict[str, str]) -> None:
-    for name in (api_key_env, telegram_env, discord_env):
-        if name is not None and not (_NAME.match(name) and _known(name, secrets)):
-            raise fail(f"{name} is not set: export it (the key or token itself) and run "
-                       "again; options take the variable's name, never a secret")
+    for option, name in (("--api-key-env", api_key_env), ("--telegram-token-env", telegram_env),
+                         ("--discord-token-env", discord_env)):
+        if name is None:
+            continue
+        if not _NAME.match(name):  # maybe the secret itself: never repeat it
+            raise fail(f"{option} takes the NAME of an environment variable (letters, digits, "
+                       "_) that holds the secret, never the secret itself")
+        if not _known(name, secrets):
+            raise fail(f"{option} {name}: {name} is not set; export it (the key or token "
+                       f"itself) or put it in {SECRETS_FILE}, and run again")
     if model is not None:
         choices.model, choices.api_base = model, api_base or ""
         choices.api_key = f"${{{api_key_env}}}" if api_key_env else ""

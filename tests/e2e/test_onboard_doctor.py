@@ -61,8 +61,12 @@ async def test_onboard_non_interactive_tries_model_and_tokens(
     # A secret given as a value instead of a variable's name is refused, never stored.
     code, _, err = await parley("onboard", "--dir", str(tmp_path / "other"), "--non-interactive",
                                 "--model", "openai/x", "--api-key-env", "sk-live-123", env=env)
-    assert code == 1 and "sk-live-123 is not set" in err
+    assert code == 1 and "--api-key-env takes the NAME of an environment variable" in err
+    assert "sk-live-123" not in err
     assert not (tmp_path / "other").exists()
+    code, _, err = await parley("onboard", "--dir", str(tmp_path / "other"), "--non-interactive",
+                                "--model", "openai/x", "--api-key-env", "NOT_SET_HERE", env=env)
+    assert code == 1 and "--api-key-env NOT_SET_HERE: NOT_SET_HERE is not set" in err
 
 
 async def test_onboard_asks(tmp_path: Path, llm: ScriptedLLM, tg: FakeTelegram) -> None:

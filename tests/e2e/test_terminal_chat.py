@@ -91,3 +91,27 @@ async def test_ctrl_c_stops_the_turn_and_twice_at_the_prompt_leaves(
         gate.release()
     assert "never shown" not in shown.getvalue()
     assert _user_texts(llm) == ["a long task"]
+
+
+async def test_log_lines_go_above_the_prompt(make_config: MakeConfig) -> None:
+    """The CLI's log handler writes to whatever ``sys.stderr`` is when a line is logged, so
+    under the prompt (prompt_toolkit's ``patch_stdout``) a log line is printed above it."""
+    import logging
+    import sys
+
+    from prompt_toolkit.patch_stdout import StdoutProxy, patch_stdout
+
+    from gateway.cli import _setup_logging
+
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    _setup_logging(make_config())
+    try:
+        [handler] = root.handlers
+        with patch_stdout(raw=True):
+            assert isinstance(sys.stderr, StdoutProxy)
+            assert handler.stream is sys.stderr  # type: ignore[attr-defined]
+        assert handler.stream is sys.stderr  # type: ignore[attr-defined]
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
