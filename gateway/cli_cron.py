@@ -6,7 +6,7 @@ change within ``cron.poll_interval``, without a restart. Times are shown in each
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -106,15 +106,33 @@ def cron_add(
                  channel=channel, chat_id=to, kind=kind,  # type: ignore[arg-type]
                  tz=tz, created_by="cli", thread_id=thread or None)
 
-    async def fn(jobs: Any) -> Any:
-        return await jobs.add(new)
+    async def fn(jobs: Any) -> tuple[bool, Any]:
+        for job in await jobs.jobs():
+            if _same(job, new, tz or config.cron_timezone, config.cron.min_interval):
+                return False, job
+        return True, await jobs.add(new)
 
     try:
-        job = run_sync(_open(config, fn))
+        added, job = run_sync(_open(config, fn), config)
     except ScheduleError as exc:
         raise fail(str(exc)) from None
-    say(f"added {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
+    said = "added" if added else "already scheduled (nothing added):"
+    say(f"{said} {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
         f"{_local(job.next_run, job.schedule.tz)} → {job.target}")
+
+
+def _same(job: Any, new: Any, tz: str, min_interval: float) -> bool:
+    """``new`` is ``job`` again (a retried command): same text, target and schedule."""
+    from gateway.kernel.schedule import Schedule
+
+    if not job.enabled or (job.name, job.message, job.kind, job.channel, job.chat_id,
+                           job.thread_id) != (new.name.strip(), new.message, new.kind,
+                                              new.channel, new.chat_id, new.thread_id):
+        return False
+    wanted = Schedule.parse(new.schedule_kind, new.schedule, tz=tz, now=datetime.now(UTC),
+                            min_interval=min_interval)
+    return (job.schedule.kind, job.schedule.spec, job.schedule.tz) == \
+        (wanted.kind, wanted.spec, wanted.tz)
 
 
 @cron_app.command("list")

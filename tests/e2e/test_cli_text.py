@@ -58,6 +58,10 @@ async def test_cron_add_with_markup_in_the_name_saves_once(tmp_path: Path) -> No
                                       env={**_env(), "COLUMNS": columns})
         assert code == 0, err
         assert "job[/x]" in out and "Traceback" not in err
+    code, out, err = await parley("cron", "add", "--name", "job[/x]", "--message", "[b]hi",
+                                  "--every", "90m", "--channel", "local", "--to", "c1",
+                                  "--config", config)  # a retry: the same job again
+    assert code == 0 and "already scheduled (nothing added): reminder" in out, err
     with sqlite3.connect(tmp_path / "data" / "parley.db") as db:
         assert db.execute("SELECT COUNT(*) FROM cron_jobs").fetchone() == (1,)
 
