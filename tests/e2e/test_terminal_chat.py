@@ -115,3 +115,60 @@ async def test_log_lines_go_above_the_prompt(make_config: MakeConfig) -> None:
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
+
+
+async def test_parley_chat_on_a_real_terminal(tmp_path: Path, llm: ScriptedLLM) -> None:
+    """``parley chat`` itself on a pseudo-terminal (util-linux ``script`` makes one, with the
+    terminal's own Ctrl-C): Up recalls the last line from ``data_dir/chat_history`` instead of
+    typing ``^[[A``, Ctrl-C during an answer stops it, two Ctrl-C at the prompt leave."""
+    import re
+    import shlex
+
+    from tests.e2e.test_cli import PARLEY, _env, write_config
+
+    gate = llm.hold()
+    llm.reply("held answer")
+    llm.echo()
+    config = write_config(tmp_path, llm)
+    command = shlex.join([PARLEY, "chat", "--config", str(config)])
+    proc = await asyncio.create_subprocess_exec(
+        "script", "-q", "-f", "-e", "-c", command, "/dev/null", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**_env(), "TERM": "xterm-256color"})
+    assert proc.stdin is not None and proc.stdout is not None
+    seen = bytearray()
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(4096):
+            seen.extend(chunk)
+
+    def shown() -> str:
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+
+    def at_prompt() -> bool:
+        return shown().rstrip().endswith("›")
+
+    reader = asyncio.create_task(read())
+    try:
+        for typed, ready in [
+            ("first\r", at_prompt),
+            ("\x03", lambda: llm.in_flight == 1),  # Ctrl-C while the model works
+            ("\x1b[A\r", lambda: "Stopped." in shown() and at_prompt()),  # Up: the line again
+            ("\x03", lambda: "echo: first" in shown() and at_prompt()),
+            ("\x03", lambda: "Ctrl-C again" in shown() and at_prompt()),
+        ]:
+            await until(ready, lambda t=typed: f"before typing {t!r}:\n{shown()}", timeout=30)
+            proc.stdin.write(typed.encode())
+            await proc.stdin.drain()
+        code = await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        gate.release()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await reader
+    assert code == 0, shown()
+    assert _user_texts(llm) == ["first", "first"]  # the second one recalled with Up
+    assert "held answer" not in shown() and "Traceback" not in shown()
+    assert "first" in (tmp_path / "data" / "chat_history").read_text()
