@@ -10,17 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.budget import TokenCounter
+from agent.budget import TokenCounter, WindowPlan
 from agent.context import BuiltContext, ContextBuilder
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
 from agent.tools.base import ToolRegistry
-from agent.trust import Audience, ToolFilter
+from agent.trust import ALL_TOOLS, Audience, ToolFilter
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Compaction, Store, StoredMessage
 from gateway.kernel.values import ChannelHints
+
+RUNTIME_TOKENS = 150
+"""About what the runtime block takes without memory recall (time, chat, sender, hints)."""
 
 
 class ContextAssembly:
@@ -53,8 +56,13 @@ class ContextAssembly:
     @property
     def room(self) -> int:
         """Tokens a request may take: the window less what is kept for the reply."""
-        return (self.builder.max_context_tokens
-                - self.config.agent.context.reply_reserve_tokens)
+        return self.builder.max_context_tokens - self.builder.reply_reserve
+
+    def plan(self) -> WindowPlan:
+        """How the window is shared out for the owner (the largest prompt, every tool):
+        ``plan().problem()`` refuses a window too small, ``plan().warning`` names a tight
+        one."""
+        return _plan(self.config, self.builder, self._schema_tokens(ALL_TOOLS))
 
     async def history(self, session_id: int,
                       compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
@@ -94,3 +102,27 @@ class ContextAssembly:
         if cached is None or cached[0] is not schemas:
             cached = self._tools_tokens[allowed] = (schemas, self.counter.count_tools(schemas))
         return cached[1]
+
+
+def _plan(config: Config, builder: ContextBuilder, tools_tokens: int) -> WindowPlan:
+    memory = config.agent.memory
+    return WindowPlan(
+        window=builder.max_context_tokens, reserve=builder.reply_reserve,
+        system=builder.system_prompt().tokens, tools=tools_tokens,
+        runtime=RUNTIME_TOKENS + (memory.recall_max_tokens if memory.enabled else 0),
+        model=None if config.agent.context.max_context_tokens else config.agent.model)
+
+
+def plan_for(config: Config) -> WindowPlan:
+    """The window's plan from the config alone (``parley status`` without a running
+    gateway): the workspace's prompt and the configured tools (exec left out)."""
+    from agent.tools import build_registry
+
+    counter = TokenCounter(config.agent.model)
+    window = None
+    if config.agent.context.max_context_tokens is None:
+        window = context_window(config.agent.model, ask_litellm=False)
+    registry = build_registry(config.agent.tools, memory=config.agent.memory,
+                              timezone=config.agent.timezone)
+    return _plan(config, ContextBuilder(config, counter, window=window),
+                 counter.count_tools(registry.schemas(ALL_TOOLS)))

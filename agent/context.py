@@ -23,7 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import workspace as workspace_package
-from agent.budget import TokenCounter
+from agent.budget import TokenCounter, reply_reserve, snippet_cap
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, event_to_dict
@@ -76,6 +76,10 @@ class BuiltContext:
     snapshot: dict[str, Any] = field(default_factory=dict)
     dropped_turns: int = 0
     """Whole turns of history left out to fit: the session is due for compaction."""
+    history_room: int = 0
+    """Tokens the history may take in this request (the window less everything else)."""
+    history_total: int = 0
+    """Tokens of all the history read (before whole turns were dropped to fit)."""
 
 
 def history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
@@ -101,6 +105,9 @@ class ContextBuilder:
         ctx = config.agent.context
         self.workspace = config.workspace_path
         self.max_context_tokens = ctx.max_context_tokens or window or DEFAULT_WINDOW
+        self.reply_reserve = reply_reserve(self.max_context_tokens, ctx.reply_reserve_tokens,
+                                           config.agent.max_tokens)
+        """Tokens kept free for the answer (scaled with the window unless configured)."""
         self.loader = BootstrapLoader(self.workspace, max_chars=ctx.bootstrap_max_chars,
                                       total_max_chars=ctx.bootstrap_total_max_chars)
         self.skills = SkillsIndex([*([builtin_skills] if builtin_skills else []),
@@ -280,29 +287,30 @@ class ContextBuilder:
     # assembly -----------------------------------------------------------------------------
 
     def _fit_history(self, history: list[StoredMessage], available: int,
-                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int]:
-        """(messages kept, their tokens, whole turns dropped to fit ``available``)."""
+                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
+        """(messages kept, their tokens, whole turns dropped to fit ``available``, the
+        tokens of all of them)."""
         groups = history_groups(history)
         if len(history) and sum(len(g) for g in groups) < len(history):
             trimmed.append(f"dropped {len(history) - sum(len(g) for g in groups)} message(s) "
                            "of a turn cut by max_recent_messages")
-        snippet_cap = self.config.agent.context.max_tool_snippet_tokens
+        cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
         prepared: list[tuple[list[dict[str, Any]], int]] = []
         shortened = 0
         for group in groups:
             msgs, tokens = [], 0
             for m in group:
                 body, count = m.body, m.tokens
-                if m.role == "tool" and count > snippet_cap:
-                    body, count = self._shorten_tool(body, snippet_cap)
+                if m.role == "tool" and count > cap:
+                    body, count = self._shorten_tool(body, cap)
                     shortened += 1
                 msgs.append(body)
                 tokens += count
             prepared.append((msgs, tokens))
         if shortened:
             trimmed.append(f"shortened {shortened} old tool result(s) to "
-                           f"{snippet_cap} tokens")
-        total = sum(t for _, t in prepared)
+                           f"{cap} tokens")
+        total = everything = sum(t for _, t in prepared)
         dropped = 0
         while prepared and total > available:
             total -= prepared.pop(0)[1]
@@ -310,7 +318,7 @@ class ContextBuilder:
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
-        return [m for msgs, _ in prepared for m in msgs], total, dropped
+        return [m for msgs, _ in prepared for m in msgs], total, dropped, everything
 
     def _shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode(str(body.get("content") or ""),
@@ -358,11 +366,12 @@ class ContextBuilder:
             if compaction else 0
         runtime_tokens = self.counter.count_message(runtime)
         user_tokens = self.counter.count_message(user)
-        reserve = self.config.agent.context.reply_reserve_tokens
+        reserve = self.reply_reserve
         available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
                      - summary_tokens - runtime_tokens - user_tokens)
         trimmed: list[str] = []
-        kept, history_tokens, dropped = self._fit_history(history, max(available, 0), trimmed)
+        kept, history_tokens, dropped, everything = self._fit_history(
+            history, max(available, 0), trimmed)
         messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
         total = (system.tokens + tools_tokens + summary_tokens + history_tokens
                  + runtime_tokens + user_tokens)
@@ -393,7 +402,8 @@ class ContextBuilder:
         }
         return BuiltContext(messages=messages, user_message=stored,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,
-                            dropped_turns=dropped)
+                            dropped_turns=dropped, history_room=max(available, 0),
+                            history_total=everything)
 
 
 def context_hash(messages: list[dict[str, Any]]) -> str:

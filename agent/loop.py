@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from agent.assembly import ContextAssembly
-from agent.budget import TokenCounter
+from agent.budget import WINDOW_KEY, TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, refused, run_command
 from agent.compacting import SessionCompaction
 from agent.compaction import Compactor
@@ -39,7 +40,7 @@ from agent.turn_flow import TurnFlow, TurnStats
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
-from gateway.kernel.config import Config
+from gateway.kernel.config import Config, ConfigError
 from gateway.kernel.events import ChatActivity, InboundMessage
 from gateway.kernel.store import Store
 from gateway.kernel.tasks import TaskSet
@@ -86,6 +87,8 @@ class AgentLoop:
         self._tasks = TaskSet()
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
         self._dispatcher: asyncio.Task[None] | None = None
+        self.window: dict[str, Any] | None = None
+        """How the window is shared out (``WindowPlan.describe``), for ``parley status``."""
 
     @property
     def context(self) -> ContextBuilder:
@@ -95,9 +98,22 @@ class AgentLoop:
     # lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._check_window()
         await self.models.load()
         await self.ledger.load()  # the totals the health endpoint shows
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
+
+    def _check_window(self) -> None:
+        """A window too small for the fixed part of a request is refused at start, naming
+        the key. Checked here when the window is known without importing litellm (set, or
+        in its bundled model map); otherwise at the first turn."""
+        if self.config.agent.context.max_context_tokens is None and self.provider.needs_litellm:
+            return
+        plan = self.assembly.plan()
+        self.window = plan.describe()
+        problem = plan.problem()
+        if problem is not None:
+            raise ConfigError(str(self.config.source or "config"), [(WINDOW_KEY, problem)])
 
     async def recover(self, channels: list[str]) -> int:
         """Answer what the last run stored but did not answer (a stop or a crash), for the

@@ -242,10 +242,26 @@ def status(config_path: ConfigOpt = None) -> None:
             out.print(f"  recent error: {line}", highlight=False, markup=False)
     else:
         out.print("gateway:  not reachable on the local channel (not running?)", highlight=False)
+    _context_line(config, health)
     if config.db_path.exists():
         counts = run_sync(with_store(config, lambda s: s.counts()))
         out.print(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
                   f"in {config.db_path}", highlight=False)
+
+
+def _context_line(config: Config, health: dict[str, Any] | None) -> None:
+    """How the model's window is shared out, and a warning when little is left for history
+    (the running gateway's figures, else the config's and the workspace's)."""
+    plan = (health or {}).get("context_window")
+    if plan is None:
+        from agent.assembly import plan_for
+
+        plan = plan_for(config).describe()
+    out.print(f"context:  {plan['window']:,}-token window: {plan['reserve']:,} for the reply, "
+              f"{plan['fixed'] - plan['reserve']:,} fixed, {max(plan['history'], 0):,} for "
+              "history", highlight=False)
+    if plan.get("warning"):
+        out.print(f"  warning: {plan['warning']}", highlight=False, markup=False, soft_wrap=True)
 
 
 @sessions_app.command("list")

@@ -42,6 +42,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
     except OSError as exc:
         raise fail(str(exc)) from None
+    except ConfigError as exc:  # found at start (a window too small for the fixed part)
+        raise fail(str(exc)) from None
 
 
 async def with_store(config: Config, fn: Any) -> Any:

@@ -32,19 +32,44 @@ from gateway.kernel.config_usage import (
 
 class CompactionConfig(Section):
     enabled: bool = True
+    compact_at_share: float = Field(0.9, gt=0, le=1)
+    """Compact when the history since the last compaction passes this share of its token
+    budget (the window less the reply reserve and the fixed part of a request)."""
     keep_recent_share: float = Field(0.3, gt=0, lt=1)
-    """Share of the history budget kept word for word after a compaction."""
+    """Share of the history budget kept word for word after a compaction ..."""
+    keep_recent_max_tokens: int = Field(8000, gt=0)
+    """... but at most this many tokens: a large window then compacts rarely (about once
+    per ``compact_at_share`` × budget − this much new history)."""
     memory_flush: bool = True
+    memory_flush_at_share: float = Field(0.75, gt=0, le=1)
+    """The memory flush (the agent saves lasting facts) runs once per compaction cycle, when
+    the history passes this share of its budget: before the compaction is due."""
     timeout: Duration = 60.0
     summary_max_tokens: int = Field(800, gt=50)
+    """A summary's cap; a small window caps it lower (a fifth of the history budget)."""
+
+    @model_validator(mode="after")
+    def _flush_before_compaction(self) -> CompactionConfig:
+        if self.memory_flush_at_share > self.compact_at_share:
+            raise ValueError(f"memory_flush_at_share ({self.memory_flush_at_share}) must not "
+                             f"be above compact_at_share ({self.compact_at_share})")
+        if self.keep_recent_share >= self.compact_at_share:
+            raise ValueError(f"keep_recent_share ({self.keep_recent_share}) must be below "
+                             f"compact_at_share ({self.compact_at_share})")
+        return self
 
 
 class ContextConfig(Section):
     max_context_tokens: int | None = Field(
         None, gt=0, description="None: the model's window from litellm, else 32,000")
-    max_recent_messages: int = Field(50, gt=0)
+    max_recent_messages: int = Field(1000, gt=0)
+    """At most this many stored messages are read for a request (a cap on the rows a turn
+    reads); more than that makes the session due for compaction. Compaction itself follows
+    the history's tokens (``compaction.compact_at_share``)."""
     max_tool_snippet_tokens: int = Field(2000, gt=0)
-    reply_reserve_tokens: int = Field(4096, ge=0)
+    reply_reserve_tokens: int | None = Field(None, ge=0)
+    """Tokens kept free for the reply. None: scaled with the window (an eighth of it, at
+    least 256, at most ``agent.max_tokens``)."""
     bootstrap_max_chars: int = Field(20_000, gt=100)
     bootstrap_total_max_chars: int = Field(150_000, gt=100)
     compaction: CompactionConfig = CompactionConfig()
