@@ -48,6 +48,10 @@ from gateway.kernel.values import ChannelHints
 
 _log = logging.getLogger(__name__)
 
+FEW_MESSAGES = 200
+"""A ``max_recent_messages`` below this (an old config's 50) still caps what a turn reads,
+and so compacts by count: said once at start."""
+
 
 class AgentLoop:
     def __init__(self, *, config: Config, bus: MessageBus, store: Store, provider: Provider,
@@ -107,7 +111,15 @@ class AgentLoop:
         """A window too small for the fixed part of a request is refused at start, naming
         the key. Checked here when the window is known without importing litellm (set, or
         in its bundled model map); otherwise at the first turn."""
-        if self.config.agent.context.max_context_tokens is None and self.provider.needs_litellm:
+        context = self.config.agent.context
+        if "max_recent_messages" in context.model_fields_set and \
+                context.max_recent_messages < FEW_MESSAGES:
+            _log.warning("agent.context.max_recent_messages: %d compacts a session every %d "
+                         "turns or so whatever their size; compaction follows tokens now "
+                         "(agent.context.compaction.compact_at_share): remove the key, or "
+                         "raise it", context.max_recent_messages,
+                         max(context.max_recent_messages // 4, 1))
+        if context.max_context_tokens is None and self.provider.needs_litellm:
             return
         plan = self.assembly.plan()
         self.window = plan.describe()

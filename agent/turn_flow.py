@@ -196,9 +196,12 @@ class TurnFlow:
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         built = self.assembly.build(turn.msg, history, turn.compaction,
                                     turn_id=turn.ctx.turn_id)
-        if self.compaction.enabled and (built.dropped_turns or more):
-            if await self._compact_before(turn):
-                built = await self._rebuild(turn)
+        due = self.compaction.due(built, more, turn.compaction, turn.ctx.session_id) \
+            if self.compaction.enabled else None
+        if due == "compact" and await self._compact_before(turn):
+            built = await self._rebuild(turn)
+        elif due == "flush":
+            await self.compaction.flush_early(turn.ctx, turn.compaction)
         self._try_with(turn, built)
 
     async def _run_tools(self, turn: _Turn) -> RunResult:

@@ -30,18 +30,23 @@ def answer(i: int) -> str:
     return f"reply {i}: " + " ".join(WORDS[(i * 3 + k) % len(WORDS)] for k in range(30))
 
 
-def tool_model(llm: ScriptedLLM) -> dict[str, int]:
+def tool_model(llm: ScriptedLLM, events: list[tuple[str, int]] | None = None
+               ) -> dict[str, int]:
     """Each turn: a read_file call, then a reply naming the turn; summaries and flushes
-    answered too. Returns the counts of each kind of call."""
+    answered too (and noted in ``events`` with the turn they came in). Returns the counts
+    of each kind of call."""
     counts = {"summary": 0, "flush": 0, "turn": 0}
     calls = itertools.count(1)
+    events = [] if events is None else events
 
     def respond(body: dict[str, Any]) -> Any:
         if is_summary_call(body):
             counts["summary"] += 1
+            events.append(("summary", counts["turn"]))
             return f"SUMMARY {counts['summary']}: the user asked numbered questions."
         if is_flush_call(body):
             counts["flush"] += 1
+            events.append(("flush", counts["turn"]))
             return "NO_REPLY"
         last = body["messages"][-1]
         if last["role"] == "tool":
@@ -131,3 +136,23 @@ async def test_a_window_too_small_is_refused_at_start_naming_the_key(
             pass
     assert caught.value.errors[0][0] == "agent.context.max_context_tokens"
     assert "cannot hold the fixed part" in str(caught.value)
+
+
+async def test_the_memory_flush_runs_once_per_cycle_before_compaction_is_due(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    """At the soft threshold a silent flush turn runs; the compaction that follows some turns
+    later does not flush again; each cycle flushes once."""
+    events: list[tuple[str, int]] = []
+    tool_model(llm, events)
+    config = make_config(agent={"context": {"max_context_tokens": 6000}})
+    async with Gateway(config) as gw:
+        (config.workspace_path / "notes.txt").write_text("The notes say: bring an umbrella.")
+        for i in range(1, 61):
+            await gw.local.ask("c1", question(i), timeout=20)
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("summary") >= 2
+    # flush, summary, flush, summary ...: one flush per cycle, always before its summary
+    assert kinds[:2 * kinds.count("summary")] == ["flush", "summary"] * kinds.count("summary")
+    flushes = [turn for kind, turn in events if kind == "flush"]
+    summaries = [turn for kind, turn in events if kind == "summary"]
+    assert all(f < s for f, s in zip(flushes, summaries, strict=False))  # an earlier turn
