@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 import workspace as workspace_package
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
+from agent.snapshots import text_hash
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, event_to_dict
@@ -57,6 +58,10 @@ class Layer:
     text: str
     tokens: int
 
+    @property
+    def hash(self) -> str:
+        return text_hash(self.text)
+
 
 @dataclass(frozen=True, slots=True)
 class SystemPrompt:
@@ -74,6 +79,8 @@ class BuiltContext:
     """What is stored in history for this input: the text, without runtime block or base64."""
     user_tokens: int
     snapshot: dict[str, Any] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    """The texts the snapshot names by hash (stored once each: ``layer_texts``)."""
     dropped_turns: int = 0
     """Whole turns of history left out to fit: the session is due for compaction."""
     history_room: int = 0
@@ -117,6 +124,8 @@ class ContextBuilder:
         self.memory_enabled = memory.enabled
         self._system_cache: dict[tuple[bool, bool], tuple[Any, SystemPrompt]] = {}
         self._summary_tokens: dict[int, int] = {}
+        self._hashes: dict[int, tuple[SystemPrompt, list[tuple[str, str]]]] = {}
+        self._kept_cap = 0
         self._chat_prompts: dict[tuple[str, str], tuple[SystemPrompt, SystemPrompt]] = {}
         """A chat's prompt → (the system prompt it was added to, the result)."""
         """Compaction id → its summary message's tokens: counted once, not every turn."""
@@ -302,7 +311,7 @@ class ContextBuilder:
             for m in group:
                 body, count = m.body, m.tokens
                 if m.role == "tool" and count > cap:
-                    body, count = self._shorten_tool(body, cap)
+                    body, count = self.shorten_tool(body, cap)
                     shortened += 1
                 msgs.append(body)
                 tokens += count
@@ -318,15 +327,26 @@ class ContextBuilder:
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
+        self._kept_cap = cap
         return [m for msgs, _ in prepared for m in msgs], total, dropped, everything
 
-    def _shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
+    def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode(str(body.get("content") or ""),
                                               disallowed_special=())
         head = self.counter.encoding.decode(tokens[:cap])
         text = f"{head}\n[… tool result shortened from {len(tokens)} tokens …]"
         new = {**body, "content": text}
         return new, self.counter.count_message(new)
+
+    def _layer_hashes(self, system: SystemPrompt) -> list[tuple[str, str]]:
+        """(name, hash) of each layer, hashed once per system prompt."""
+        found = self._hashes.get(id(system))
+        if found is None or found[0] is not system:
+            if len(self._hashes) >= SUMMARY_TOKENS_CACHE:
+                self._hashes.clear()
+            found = self._hashes[id(system)] = (
+                system, [(layer.name, layer.hash) for layer in system.layers])
+        return found[1]
 
     def summary_message(self, compaction: Compaction) -> dict[str, Any]:
         return {"role": "user", "content": f"{SUMMARY_TAG}\n{compaction.summary}"}
@@ -373,6 +393,10 @@ class ContextBuilder:
         kept, history_tokens, dropped, everything = self._fit_history(
             history, max(available, 0), trimmed)
         messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
+        layer_hashes = self._layer_hashes(system)
+        texts = {h: layer.text for layer, (_, h) in zip(system.layers, layer_hashes,
+                                                         strict=True)}
+        texts[runtime_hash := text_hash(runtime["content"])] = runtime["content"]
         total = (system.tokens + tools_tokens + summary_tokens + history_tokens
                  + runtime_tokens + user_tokens)
         if total > self.max_context_tokens - reserve:
@@ -391,16 +415,20 @@ class ContextBuilder:
                         else None, "images": sum(1 for m in inbound.media if m.kind == "image"),
                         "memory_recalled": recalled.count("\n- [") if recalled else 0},
             "trimmed": trimmed, "bootstrap_cuts": list(system.notes),
+            # The texts by content hash (``layer_texts``): a replay needs no workspace file.
+            "texts": {"system": layer_hashes, "runtime": runtime_hash},
             # What a replay needs to rebuild exactly these messages from the database.
             "inputs": {"inbound": event_to_dict(inbound),
                        "history_ids": [history[0].id, history[-1].id] if history else None,
+                       "kept_ids": [history[-len(kept)].id, history[-1].id] if kept else None,
+                       "snippet_cap": self._kept_cap,
                        "compaction_id": compaction.id if compaction else None,
                        "hints": {"markup": hints.markup, "max_length": hints.max_length,
                                  "etiquette": hints.etiquette},
                        "tools_tokens": tools_tokens, "recall": recalled, "model": model,
                        "chat_prompt": chat_prompt},
         }
-        return BuiltContext(messages=messages, user_message=stored,
+        return BuiltContext(messages=messages, user_message=stored, texts=texts,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,
                             dropped_turns=dropped, history_room=max(available, 0),
                             history_total=everything)

@@ -31,8 +31,9 @@ from agent.limits import Limits, Verdict
 from agent.model_choice import ModelChoice
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
-from agent.runner import Runner, RunResult, Transcript
+from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
+from agent.snapshots import RecordingTranscript
 from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
@@ -87,12 +88,13 @@ class _Turn:
         return self.lane is not None and self.lane.stop_requested
 
 
-class _Hooks(Transcript):
+class _Hooks(RecordingTranscript):
     """What the turn does while the tool loop runs: tells the chat which tools run, hands
-    the model messages that arrived meanwhile (``steer`` mode), keeps what was done."""
+    the model messages that arrived meanwhile (``steer`` mode), keeps what was done and
+    each model call's snapshot entry."""
 
     def __init__(self, flow: TurnFlow, turn: _Turn) -> None:
-        super().__init__()
+        super().__init__(turn.built.snapshot, turn.built.texts, turn.built.messages)
         self.flow = flow
         self.turn = turn
 
@@ -281,7 +283,7 @@ class TurnFlow:
             session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
             inbound_id=turn.msg.message_id, started_at=utcnow(),
             user_message=built.user_message, user_tokens=built.user_tokens,
-            snapshot=built.snapshot, sources=turn.work.sources,
+            snapshot=built.snapshot, texts=built.texts, sources=turn.work.sources,
             usage=self.ledger.tags(turn.msg) if self.ledger is not None else None)
         turn.hooks = _Hooks(self, turn)
 

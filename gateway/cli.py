@@ -355,6 +355,9 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
         data = {**snap, "turn": number}
         if rebuilt is not None:
             data["messages"], data["replay_matches"] = rebuilt.messages, rebuilt.matches
+            data["replay_calls"] = [{"messages": c.messages, "matches": c.matches}
+                                    for c in rebuilt.calls]
+            data["replay_note"] = rebuilt.note
         sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         return
     out.print(f"session {snap['session_key']}, turn {number} of {count} ({snap['turn_id']})",
@@ -379,14 +382,28 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
     out.print(table)
     out.print(", ".join(f"{k}: {v}" for k, v in snap["sources"].items()), highlight=False)
     if rebuilt is not None:
+        _print_replay(rebuilt, content_text)
+
+
+def _print_replay(rebuilt: Any, content_text: Any) -> None:
+    """The first call's messages, then what each later model call of the turn added."""
+    if rebuilt.note:
+        out.print(f"\nnote: {rebuilt.note}", highlight=False, markup=False)
+    else:
         state = "matches the stored hash" if rebuilt.matches else \
-            "DIFFERS from the stored hash (the workspace or config changed since)"
+            "DIFFERS from the stored hash (a stored text or message changed)"
         out.print(f"\nreplayed from the database: {state}", highlight=False)
-        for m in rebuilt.messages:
+    shown = 0
+    for number, call in enumerate(rebuilt.calls, 1):
+        if len(rebuilt.calls) > 1:
+            verdict = "matches" if call.matches else "DIFFERS"
+            out.rule(f"model call {number} of {len(rebuilt.calls)}: {verdict}")
+        for m in call.messages[shown:]:
             content = content_text(m.get("content"))
             out.rule(f"{m['role']}")
             out.print(content or json.dumps(m.get("tool_calls")), markup=False,
                       highlight=False)
+        shown = len(call.messages)
 
 
 def main() -> None:

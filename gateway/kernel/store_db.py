@@ -101,6 +101,11 @@ CREATE TABLE IF NOT EXISTS context_snapshots (
 );
 CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
 
+CREATE TABLE IF NOT EXISTS layer_texts (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     channel TEXT NOT NULL,

@@ -16,8 +16,9 @@ from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
-from gateway.kernel.store_db import Database, dump_json, iso
+from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
+from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,7 @@ def _session(row: Any) -> SessionRow:
     return SessionRow(row[0], row[1], bool(row[2]), row[3], row[4], row[5], row[6])
 
 
-class SessionTables(Database):
+class SessionTables(LayerTexts):
     """Sessions (one active per key), messages, compactions and a turn's one write."""
 
     # sessions -----------------------------------------------------------------------------
@@ -231,12 +232,14 @@ class SessionTables(Database):
                         messages: list[NewMessage], status: str = "done",
                         error: str | None = None, calls: list[LLMCallRecord] | None = None,
                         snapshot: dict[str, Any] | None = None,
+                        texts: dict[str, str] | None = None,
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
                         outbound: list[tuple[OutboundMessage, datetime]] | None = None,
                         usage: UsageTags | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
-        it answered (marked done), and its replies (into the outbox, to be delivered)."""
+        it answered (marked done), and its replies (into the outbox, to be delivered).
+        ``texts``: what the snapshot names by content hash, each written once ever."""
         now = iso()
         done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
         outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
@@ -247,6 +250,7 @@ class SessionTables(Database):
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
                         SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
                         ) if snapshot is not None else None
+        text_rows = self._new_texts(texts)
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
@@ -259,6 +263,8 @@ class SessionTables(Database):
                 "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
             db.executemany(INSERT_CALL, call_rows)
+            if text_rows:
+                db.executemany(INSERT_TEXT, text_rows)
             if snapshot_row is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
@@ -269,4 +275,5 @@ class SessionTables(Database):
                 (len(messages), now, total, session_id))
 
         await self._write(write)
+        self._texts_known.update(h for h, _ in text_rows)
 

@@ -161,7 +161,8 @@ async def test_replay_rebuilds_the_same_context(make_config: MakeConfig,
             assert rebuilt.matches
             assert rebuilt.messages == sent["messages"]  # exactly what the model was sent
         (config.workspace_path / "SOUL.md").write_text("A different soul.")
-        assert not (await replay(gw.store, config, session.id, snaps[-1])).matches
+        again = await replay(gw.store, config, session.id, snaps[-1])  # texts are stored
+        assert again.matches and again.messages == turn_requests[-1]["messages"]
 
 
 async def test_long_tool_loop_shortens_old_results_to_fit(make_config: MakeConfig,
@@ -181,6 +182,12 @@ async def test_long_tool_loop_shortens_old_results_to_fit(make_config: MakeConfi
         assert not tools[-1].startswith("[shortened")
         total = TokenCounter("openai/test-model").count_text(json.dumps(last))
         assert total < 6000
+        assert gw.store is not None  # the shortened results replay too, call by call
+        session = await gw.store.active_session("local:c1")
+        snap = (await gw.store.snapshots(session.id))[-1]
+        rebuilt = await replay(gw.store, config, session.id, snap)
+        assert any(c["shortened"] for c in snap["calls"]) and rebuilt.matches
+        assert [c.messages for c in rebuilt.calls] == [r["messages"] for r in llm.requests]
 
 
 async def test_first_hello_costs_under_3000_tokens(make_config: MakeConfig,
