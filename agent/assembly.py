@@ -15,7 +15,7 @@ from agent.context import BuiltContext, ContextBuilder
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
-from agent.tools.base import ToolRegistry
+from agent.tools.base import NO_LOADED, ToolRegistry
 from agent.trust import ALL_TOOLS, Audience, ToolFilter
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
@@ -40,7 +40,8 @@ class ContextAssembly:
         self.hints = hints
         self.models = models
         self._builder: ContextBuilder | None = None
-        self._tools_tokens: dict[ToolFilter, tuple[list[dict[str, Any]], int]] = {}
+        self._tools_tokens: dict[tuple[ToolFilter, frozenset[str]],
+                                 tuple[list[dict[str, Any]], int]] = {}
 
     @property
     def builder(self) -> ContextBuilder:
@@ -83,24 +84,41 @@ class ContextAssembly:
         models = self.models
         model = models.model_name(models.alias(msg)) if models is not None else None
         chat_prompt = models.prompt(msg) if models is not None else None
-        return self.builder.build(
+        loaded = self.recently_used(audience.tools, history)
+        built = self.builder.build(
             inbound=msg, history=history,
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
-            tools_tokens=self._schema_tokens(audience.tools), session_key=msg.session_key,
-            turn_id=turn_id, compaction=compaction, audience=audience, model=model,
-            chat_prompt=chat_prompt)
+            tools_tokens=self._schema_tokens(audience.tools, loaded),
+            session_key=msg.session_key, turn_id=turn_id, compaction=compaction,
+            audience=audience, model=model, chat_prompt=chat_prompt)
+        built.loaded = loaded
+        return built
+
+    def recently_used(self, allowed: ToolFilter,
+                      history: list[StoredMessage]) -> frozenset[str]:
+        """Tools not offered at first that the conversation since its last compaction called:
+        offered in full from the start (relevance, without a ``load_tools`` round trip)."""
+        deferred = self.registry.deferred(allowed)
+        if not deferred:
+            return NO_LOADED
+        used = {c.get("function", {}).get("name") for m in history if m.role == "assistant"
+                for c in m.body.get("tool_calls") or ()}
+        return frozenset(n for n in deferred if n in used) or NO_LOADED
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""
         return TurnBudget(limit=self.room, used=built.snapshot["total_tokens"],
                           count=self.counter.count_message)
 
-    def _schema_tokens(self, allowed: ToolFilter) -> int:
+    def _schema_tokens(self, allowed: ToolFilter, loaded: frozenset[str] = NO_LOADED) -> int:
         # A new list only when tools come or go (MCP), so each audience's count is cached.
-        schemas = self.registry.schemas(allowed)
-        cached = self._tools_tokens.get(allowed)
+        schemas = self.registry.schemas(allowed, loaded)
+        key = (allowed, loaded)
+        cached = self._tools_tokens.get(key)
         if cached is None or cached[0] is not schemas:
-            cached = self._tools_tokens[allowed] = (schemas, self.counter.count_tools(schemas))
+            if len(self._tools_tokens) >= 4096:
+                self._tools_tokens.clear()
+            cached = self._tools_tokens[key] = (schemas, self.counter.count_tools(schemas))
         return cached[1]
 
 

@@ -85,6 +85,8 @@ class BuiltContext:
     """Whole turns of history left out to fit: the session is due for compaction."""
     history_room: int = 0
     """Tokens the history may take in this request (the window less everything else)."""
+    loaded: frozenset[str] = frozenset()
+    """Tools offered in full from the start beyond the core ones (used lately)."""
     history_total: int = 0
     """Tokens of all the history read (before whole turns were dropped to fit)."""
 

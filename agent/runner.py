@@ -165,9 +165,9 @@ class Runner:
             hooks.on_message(message)
 
         seen: Counter[str] = Counter()
-        tools = self.registry.schemas(ctx.access.tools) or None
         counted = len(convo)
         for _ in range(self.max_iterations):
+            tools = self.registry.schemas(ctx.access.tools, ctx.notes.loaded) or None
             if budget is not None:
                 budget.used += sum(budget.count(m) for m in convo[counted:])
                 counted = len(convo)

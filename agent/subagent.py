@@ -55,8 +55,9 @@ Current time: {now}"""
 def subagent_registry(parent: ToolRegistry) -> ToolRegistry:
     """The parent's tools (MCP ones too) less those a subagent must not have."""
     tools = (parent.get(name) for name in parent.names)
-    return ToolRegistry(t for t in tools if t is not None and t.group not in EXCLUDED_GROUPS
-                        and t.name not in EXCLUDED_NAMES)
+    return ToolRegistry((t for t in tools if t is not None and t.group not in EXCLUDED_GROUPS
+                         and t.name not in EXCLUDED_NAMES),
+                        core=parent.core.patterns if parent.core is not None else None)
 
 
 class SubagentManager:

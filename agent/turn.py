@@ -67,6 +67,9 @@ class TurnNotes:
     answered_current_chat: bool = False
     """The message tool already sent this turn's answer to its chat: the final reply is
     stored but not sent again."""
+    loaded: frozenset[str] = frozenset()
+    """Tools loaded for this turn (``load_tools``, or used lately in the conversation):
+    offered in full from the next model call on."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

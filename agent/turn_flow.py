@@ -45,7 +45,7 @@ from gateway.kernel.store import Compaction, Store
 _log = logging.getLogger(__name__)
 
 STEERED_PREFIX = "[New message while you were working]"
-PROMPT_CUT_MIN = 1500
+PROMPT_CUT_MIN = 1000
 PROMPT_CUT_SHARE = 0.6
 """A server that reports fewer prompt tokens than this share of what was sent is cutting the
 prompt (tokenizers differ by ±20 %, not by 40 %)."""
@@ -279,6 +279,7 @@ class TurnFlow:
     def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
         """A fresh try at the model with ``built``: its record and its hooks."""
         turn.built = built
+        turn.ctx.notes.loaded = built.loaded
         turn.record = TurnRecord(
             session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
             inbound_id=turn.msg.message_id, started_at=utcnow(),

@@ -52,4 +52,4 @@ def build_registry(config: ToolsConfig, *, memory: MemoryConfig | None = None,
         from agent.tools.memory import memory_tool
 
         tools.append(memory_tool(memory, timezone=timezone))
-    return ToolRegistry(tools)
+    return ToolRegistry(tools, core=None if "*" in config.core else tuple(config.core))

@@ -20,7 +20,7 @@ from gateway.kernel.config_fields import (
     Section,
     check_target,
 )
-from gateway.kernel.config_trust import TrustConfig
+from gateway.kernel.config_trust import TrustConfig, check_tool_names
 from gateway.kernel.config_usage import (
     ChatDefaults,
     LimitsConfig,
@@ -194,7 +194,15 @@ class SpawnToolConfig(Section):
     timeout: Duration = 300.0
 
 
+CORE_TOOLS = ("read_file", "write_file", "edit_file", "list_dir", "exec", "memory",
+              "web_fetch", "web_search")
+
+
 class ToolsConfig(Section):
+    core: list[str] = Field(default_factory=lambda: list(CORE_TOOLS))
+    """Tools offered in full on every request (names, shell-style patterns; ``["*"]``: all).
+    The others a sender may use are named in one line (``load_tools``) and offered once the
+    model loads them, or when the conversation used them lately."""
     files: FileToolsConfig = FileToolsConfig()
     exec: ExecToolConfig = ExecToolConfig()
     message: MessageToolConfig = MessageToolConfig()
@@ -202,6 +210,11 @@ class ToolsConfig(Section):
     web: WebToolsConfig = WebToolsConfig()
     spawn: SpawnToolConfig = SpawnToolConfig()
     max_result_chars: int = Field(16_000, gt=100)
+
+    @field_validator("core")
+    @classmethod
+    def _core_names(cls, names: list[str]) -> list[str]:
+        return check_tool_names(names)
 
 
 class MCPServerConfig(Section):
