@@ -86,13 +86,25 @@ class AgentLoop:
             runner=Runner(provider, registry, max_iterations=config.agent.max_iterations,
                           max_result_chars=config.agent.tools.max_result_chars),
             assembly=self.assembly, compaction=self.compaction, replies=self.replies,
-            stats=self.stats, services=services or (lambda msg: TurnServices()),
+            stats=self.stats, services=self._with_search(services),
             ledger=self.ledger, limits=self.limits, models=self.models)
         self._tasks = TaskSet()
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
         self._dispatcher: asyncio.Task[None] | None = None
         self.window: dict[str, Any] | None = None
         """How the window is shared out (``WindowPlan.describe``), for ``parley status``."""
+
+    def _with_search(self, services: Callable[[InboundMessage], TurnServices] | None
+                     ) -> Callable[[InboundMessage], TurnServices]:
+        """The gateway's services for a turn, with the search over stored conversations."""
+        base = services or (lambda msg: TurnServices())
+
+        def make(msg: InboundMessage) -> TurnServices:
+            made = base(msg)
+            made.search = self.store.search_messages
+            return made
+
+        return make
 
     @property
     def context(self) -> ContextBuilder:

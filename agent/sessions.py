@@ -28,6 +28,9 @@ class TurnRecord:
     """The texts the snapshot names by content hash (stored once per distinct text)."""
     usage: UsageTags | None = None
     """Whose the turn's model calls are (the usage ledger); None: untagged."""
+    index: tuple[str, str | None] | None = None
+    """(chat, person) its messages are found under by ``session_search``; None: not
+    indexed."""
 
 
 class SessionRecorder:
@@ -55,6 +58,6 @@ class SessionRecorder:
             messages=messages, status=status, error=error, calls=calls,
             snapshot=turn.snapshot, texts=turn.texts, started_at=turn.started_at,
             done=turn.sources,
-            outbound=outbound, usage=turn.usage)
+            outbound=outbound, usage=turn.usage, index=turn.index)
         if self.ledger is not None and turn.usage is not None:
             self.ledger.recorded(turn.usage, calls)

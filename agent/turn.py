@@ -19,6 +19,7 @@ from gateway.kernel.events import InboundMessage, new_id
 if TYPE_CHECKING:
     from gateway.kernel.cron_jobs import CronJob, NewJob
     from gateway.kernel.events import OutboundMessage
+    from gateway.kernel.store import SearchHit
     from gateway.kernel.values import Delivery
 
 
@@ -27,6 +28,13 @@ class Spawner(Protocol):
     (``agent/subagent.py``)."""
 
     async def __call__(self, ctx: TurnContext, task: str, *, background: bool) -> str: ...
+
+
+class MessageSearch(Protocol):
+    """``Store.search_messages``: past messages of one chat (and person) matching a query."""
+
+    async def __call__(self, query: str, *, chat: str | None, person: str | None = None,
+                       limit: int = 5) -> list[SearchHit]: ...
 
 
 class CronService(Protocol):
@@ -58,6 +66,8 @@ class TurnServices:
     """Scheduled jobs; None where the gateway runs no scheduler (``parley chat``)."""
     spawn: Spawner | None = None
     """Runs a task in a subagent (``agent/subagent.py``); None where spawning is off."""
+    search: MessageSearch | None = None
+    """Searches stored conversations (``session_search``); the scope is the tool's to set."""
 
 
 @dataclass(slots=True)

@@ -116,6 +116,11 @@ class _Hooks(RecordingTranscript):
         return out
 
 
+def search_tags(msg: InboundMessage) -> tuple[str, str]:
+    """(chat, person) a turn's messages are indexed under for ``session_search``."""
+    return f"{msg.channel}:{msg.chat_id}", f"{msg.channel}:{msg.sender_id}"
+
+
 def _deliverable(turn: _Turn, text: str) -> bool:
     """Whether a turn's final reply is sent: not when a tool already answered the chat, when
     a heartbeat has nothing to report, or when the turn has nowhere to send it."""
@@ -178,7 +183,7 @@ class TurnFlow:
             TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=work.msg.message_id,
                        started_at=utcnow(), user_message=body,
                        user_tokens=self.assembly.counter.count_message(body),
-                       sources=work.sources),
+                       sources=work.sources, index=search_tags(work.msg)),
             None, status="context")
 
     # the steps ----------------------------------------------------------------------------
@@ -285,7 +290,8 @@ class TurnFlow:
             inbound_id=turn.msg.message_id, started_at=utcnow(),
             user_message=built.user_message, user_tokens=built.user_tokens,
             snapshot=built.snapshot, texts=built.texts, sources=turn.work.sources,
-            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None)
+            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None,
+            index=search_tags(turn.msg))
         turn.hooks = _Hooks(self, turn)
 
     async def _run_once(self, turn: _Turn) -> RunResult:

@@ -317,6 +317,28 @@ def sessions_export(ref: Annotated[str, typer.Argument(help="Session id or key."
                                      "tokens": m.tokens, **m.body}, ensure_ascii=False) + "\n")
 
 
+@sessions_app.command("search")
+def sessions_search(
+    query: Annotated[str, typer.Argument(help="Words to find (3+ letters match inside words).")],
+    config_path: ConfigOpt = None,
+    chat: Annotated[str | None, typer.Option(
+        "--chat", help="Only this chat (channel:chat_id); default: every chat.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=100)] = 10,
+) -> None:
+    """Find words in past conversations (the index session_search uses)."""
+    config = load(config_path)
+    hits = run_sync(with_store(config, lambda s: s.search_messages(query, chat=chat,
+                                                                     limit=limit)))
+    if not hits:
+        out.print(f"no message matches {query!r}", highlight=False)
+        return
+    table = Table("message", "session", "when", "role", "text")
+    for hit in hits:
+        table.add_row(str(hit.message_id), hit.session_key, hit.created_at[:16], hit.role,
+                      Text(hit.text))
+    out.print(table)
+
+
 @context_app.command("show")
 def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                  config_path: ConfigOpt = None,

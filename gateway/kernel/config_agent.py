@@ -198,6 +198,12 @@ CORE_TOOLS = ("read_file", "write_file", "edit_file", "list_dir", "exec", "memor
               "web_fetch", "web_search")
 
 
+class SessionSearchConfig(Section):
+    """``session_search`` (``agent/tools/session_search.py``): this chat's past messages."""
+
+    enabled: bool = True
+
+
 class ToolsConfig(Section):
     core: list[str] = Field(default_factory=lambda: list(CORE_TOOLS))
     """Tools offered in full on every request (names, shell-style patterns; ``["*"]``: all).
@@ -209,6 +215,7 @@ class ToolsConfig(Section):
     cron: CronToolConfig = CronToolConfig()
     web: WebToolsConfig = WebToolsConfig()
     spawn: SpawnToolConfig = SpawnToolConfig()
+    session_search: SessionSearchConfig = SessionSearchConfig()
     max_result_chars: int = Field(16_000, gt=100)
 
     @field_validator("core")

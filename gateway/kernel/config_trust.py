@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from gateway.kernel.config_fields import Section
 
 GUEST_TOOLS = ("read_file", "list_dir", "web_fetch", "web_search", "message")
-MEMBER_TOOLS = (*GUEST_TOOLS, "memory")
+MEMBER_TOOLS = (*GUEST_TOOLS, "memory", "session_search")
 OWNER_TOOLS = ("*",)
 _TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_*?-]{1,64}$")
 

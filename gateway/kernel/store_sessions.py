@@ -18,6 +18,7 @@ from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
 from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
+from gateway.kernel.store_search import TRIGRAM, insert_sql
 from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
 
 
@@ -103,6 +104,25 @@ def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
         else (None, None, None, now, None)
     return [(turn_id, c.model, c.prompt_tokens, c.completion_tokens, c.latency_ms,
              c.attempts, tags[3], session_id, *tags[:3], c.cost, tags[4]) for c in calls]
+
+
+def index_rows(ids: list[int], bodies: list[dict[str, Any]], chat: str,
+               person: str | None) -> list[tuple[int, str, str, str | None, str]]:
+    """Search index rows (id, text, chat, person, role) for the messages worth finding:
+    users' and the assistant's text, not tool results or bare tool calls."""
+    rows = []
+    for message_id, body in zip(ids, bodies, strict=True):
+        if body.get("role") not in ("user", "assistant"):
+            continue
+        text = content_text(body.get("content")).strip()
+        if text:
+            rows.append((message_id, text, chat, person, str(body["role"])))
+    return rows
+
+
+INSERT_MESSAGE = ("INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?)")
+INSERT_INDEX = insert_sql(TRIGRAM)
 
 
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
@@ -236,9 +256,12 @@ class SessionTables(LayerTexts):
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
                         outbound: list[tuple[OutboundMessage, datetime]] | None = None,
-                        usage: UsageTags | None = None) -> None:
+                        usage: UsageTags | None = None,
+                        index: tuple[str, str | None] | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
         it answered (marked done), and its replies (into the outbox, to be delivered).
+        ``index``: (chat, person) the messages are found under by ``search_messages``; None:
+        not indexed (a subagent's).
         ``texts``: what the snapshot names by content hash, each written once ever."""
         now = iso()
         done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
@@ -255,9 +278,12 @@ class SessionTables(LayerTexts):
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
             db.executemany(INSERT_OUTBOX, outbox_rows)
-            db.executemany(
-                "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)", message_rows)
+            if index is None:
+                db.executemany(INSERT_MESSAGE, message_rows)
+            else:
+                ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
+                db.executemany(INSERT_INDEX, index_rows(ids, [m.body for m in messages],
+                                                        *index))
             db.execute(
                 "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
                 "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",

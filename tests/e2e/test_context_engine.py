@@ -199,7 +199,8 @@ async def test_first_hello_costs_at_most_1500_tokens_with_every_tool(
         await gw.local.ask("c1", "hello", timeout=10)
     body = llm.last_request
     # every tool, offered or named (exec too where bubblewrap is installed, as `make test` does)
-    assert offered_tools(body) >= {"web_search", "cron", "spawn", "message", "memory"}
+    assert offered_tools(body) >= {"web_search", "cron", "spawn", "message", "memory",
+                                   "session_search"}
     for model in ("openai/gpt-4o-mini", "openai/test-model"):
         counter = TokenCounter(model)
         tokens = sum(counter.count_message(m) for m in body["messages"])
