@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.budget import TokenCounter, WindowPlan
-from agent.context import BuiltContext, ContextBuilder
+from agent.budget import WINDOW_KEY, TokenCounter, WindowPlan, WindowTooSmall
+from agent.context import BuiltContext, ContextBuilder, TurnState
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
@@ -40,6 +40,7 @@ class ContextAssembly:
         self.hints = hints
         self.models = models
         self._builder: ContextBuilder | None = None
+        self._window_problem: str | None = None
         self._tools_tokens: dict[tuple[ToolFilter, frozenset[str]],
                                  tuple[list[dict[str, Any]], int]] = {}
 
@@ -79,7 +80,12 @@ class ContextAssembly:
         return self.builder.policy.audience(msg)
 
     def build(self, msg: InboundMessage, history: list[StoredMessage],
-              compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
+              compaction: Compaction | None, *, turn_id: str,
+              state: TurnState | None = None) -> BuiltContext:
+        if self._window_problem is None:  # once: the window may be known only now
+            self._window_problem = self.plan().problem() or ""
+        if self._window_problem:
+            raise WindowTooSmall(f"{WINDOW_KEY}: {self._window_problem}")
         audience = self.audience(msg)
         models = self.models
         model = models.model_name(models.alias(msg)) if models is not None else None
@@ -90,7 +96,7 @@ class ContextAssembly:
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
             tools_tokens=self._schema_tokens(audience.tools, loaded),
             session_key=msg.session_key, turn_id=turn_id, compaction=compaction,
-            audience=audience, model=model, chat_prompt=chat_prompt)
+            audience=audience, model=model, chat_prompt=chat_prompt, state=state)
         built.loaded = loaded
         return built
 

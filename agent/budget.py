@@ -118,6 +118,10 @@ def summary_cap(budget: int, configured: int) -> int:
 WINDOW_KEY = "agent.context.max_context_tokens"
 
 
+class WindowTooSmall(ValueError):
+    """The model's window, learned at the first turn, cannot hold a request."""
+
+
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
     """How a window is shared out for the largest audience (the owner's, every tool)."""

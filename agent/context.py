@@ -48,6 +48,7 @@ SUMMARY_TAG = "[Summary of the earlier conversation — older messages were comp
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_WINDOW = 32_000
 SUMMARY_TOKENS_CACHE = 1024
+LAST_ERROR_CHARS = 160
 BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
 """Skills shipped with Parley; a workspace skill of the same name overrides one."""
 
@@ -61,6 +62,25 @@ class Layer:
     @property
     def hash(self) -> str:
         return text_hash(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnState:
+    """What the runtime block says of the session's state: messages queued behind this turn
+    and how the last turn ended (openboa's pending queue and terminal status)."""
+
+    pending: int = 0
+    last_status: str | None = None
+    last_error: str | None = None
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.pending:
+            out.append(f"Queued behind this turn: {self.pending} message(s) from this chat")
+        if self.last_status:
+            error = f" ({self.last_error[:LAST_ERROR_CHARS]})" if self.last_error else ""
+            out.append(f"Last turn: {self.last_status}{error}")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +241,10 @@ class ContextBuilder:
         return recall_block(stores, inbound.text, counter=self.counter)
 
     def runtime_block(self, inbound: InboundMessage, hints: ChannelHints,
-                      recall: str | None = None, model: str | None = None) -> str:
+                      recall: str | None = None, model: str | None = None,
+                      state: TurnState | None = None) -> str:
         """``model``: the one this turn asks (a conversation's ``/model``), else the
-        default."""
+        default; ``state``: the queue behind the turn and the last turn's end."""
         local = inbound.received_at.astimezone(self.tz)
         sender = inbound.sender_name or inbound.sender_id
         if inbound.sender_name:
@@ -245,6 +266,8 @@ class ContextBuilder:
             lines.append(f"Mentioned: {'yes' if inbound.mentioned else 'no'}")
         if inbound.kind != "user":
             lines.append(f"Message kind: {inbound.kind}")
+        if state is not None:
+            lines.extend(state.lines())
         lines.append("Channel hints:")
         lines.extend(f"- {line}" for line in hints.lines())
         if recall:
@@ -365,7 +388,8 @@ class ContextBuilder:
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
               turn_id: str = "", compaction: Compaction | None = None,
               recall: str | None | bool = True, audience: Audience | None = None,
-              model: str | None = None, chat_prompt: str | None = None) -> BuiltContext:
+              model: str | None = None, chat_prompt: str | None = None,
+              state: TurnState | None = None) -> BuiltContext:
         """``history`` is what was stored after ``compaction`` (if any), oldest first.
         ``recall``: True to search memory now; a replay passes the text the turn recalled
         (memory may have changed since). ``audience``: the sender's (from the policy when
@@ -380,7 +404,7 @@ class ContextBuilder:
         model = model or self.config.agent.model
         recalled = self.recall(inbound, audience) if recall is True else (recall or None)
         runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled,
-                                                                     model)}
+                                                                     model, state)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
         summary = [self.summary_message(compaction)] if compaction else []

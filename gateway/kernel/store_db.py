@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS turns (
     started_at TEXT NOT NULL,
     finished_at TEXT
 );
+CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
 
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

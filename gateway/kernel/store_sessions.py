@@ -203,6 +203,14 @@ class SessionTables(LayerTexts):
             "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
         return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
 
+    async def last_turn(self, session_id: int) -> tuple[str, str | None] | None:
+        """(status, error) of the session's last finished turn (chatter kept as context
+        aside), or None before its first."""
+        row = await self._fetchone(
+            "SELECT status, error FROM turns WHERE session_id = ? AND status != 'context' "
+            "ORDER BY finished_at DESC LIMIT 1", (session_id,))
+        return (row[0], row[1]) if row else None
+
     # compactions --------------------------------------------------------------------------
 
     _COMPACTION_COLS = ("id, summary, summary_tokens, first_kept_id, tokens_before, "
