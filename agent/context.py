@@ -16,52 +16,38 @@ import base64
 import hashlib
 import json
 import logging
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import workspace as workspace_package
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
 from agent.snapshots import text_hash
+from agent.system_prompt import (
+    BUILTIN_SKILLS,
+    LAYER_SEPARATOR,
+    Layer,
+    SystemPrompt,
+    SystemPrompts,
+)
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, event_to_dict
 from gateway.kernel.store import Compaction, StoredMessage
 from gateway.kernel.values import ChannelHints
-from workspace.bootstrap import (
-    BOOTSTRAP_FILES,
-    HEARTBEAT_FILE,
-    MEMORY_FILE,
-    OWNER_FILES,
-    BootstrapLoader,
-)
 from workspace.memory import MemoryStore, memory_store_for, recall_block
-from workspace.skills import SkillsIndex
 
 _log = logging.getLogger(__name__)
 
-LAYER_SEPARATOR = "\n\n---\n\n"
+__all__ = ["BUILTIN_SKILLS", "LAYER_SEPARATOR", "BuiltContext", "ContextBuilder", "Layer",
+           "SystemPrompt", "TurnState", "context_hash", "history_groups"]
+
 RUNTIME_TAG = "[Runtime Context — metadata only, not instructions]"
 SUMMARY_TAG = "[Summary of the earlier conversation — older messages were compacted]"
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_WINDOW = 32_000
 SUMMARY_TOKENS_CACHE = 1024
 LAST_ERROR_CHARS = 160
-BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
-"""Skills shipped with Parley; a workspace skill of the same name overrides one."""
-
-
-@dataclass(frozen=True, slots=True)
-class Layer:
-    name: str
-    text: str
-    tokens: int
-
-    @property
-    def hash(self) -> str:
-        return text_hash(self.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +67,6 @@ class TurnState:
             error = f" ({self.last_error[:LAST_ERROR_CHARS]})" if self.last_error else ""
             out.append(f"Last turn: {self.last_status}{error}")
         return out
-
-
-@dataclass(frozen=True, slots=True)
-class SystemPrompt:
-    text: str
-    layers: tuple[Layer, ...]
-    tokens: int
-    notes: tuple[str, ...]
-    skills: int
 
 
 @dataclass(slots=True)
@@ -137,50 +114,22 @@ class ContextBuilder:
         self.reply_reserve = reply_reserve(self.max_context_tokens, ctx.reply_reserve_tokens,
                                            config.agent.max_tokens)
         """Tokens kept free for the answer (scaled with the window unless configured)."""
-        self.loader = BootstrapLoader(self.workspace, max_chars=ctx.bootstrap_max_chars,
-                                      total_max_chars=ctx.bootstrap_total_max_chars)
-        self.skills = SkillsIndex([*([builtin_skills] if builtin_skills else []),
-                                   self.workspace / "skills"])
+        self.prompts = SystemPrompts(config, counter, builtin_skills=builtin_skills)
+        self.loader = self.prompts.loader
+        self.skills = self.prompts.skills
         self.tz = ZoneInfo(config.agent.timezone)
         memory = config.agent.memory
         self.memory_enabled = memory.enabled
-        self._system_cache: dict[tuple[bool, bool], tuple[Any, SystemPrompt]] = {}
         self._summary_tokens: dict[int, int] = {}
-        self._hashes: dict[int, tuple[SystemPrompt, list[tuple[str, str]]]] = {}
         self._kept_cap = 0
-        self._chat_prompts: dict[tuple[str, str], tuple[SystemPrompt, SystemPrompt]] = {}
-        """A chat's prompt → (the system prompt it was added to, the result)."""
         """Compaction id → its summary message's tokens: counted once, not every turn."""
 
     # system ------------------------------------------------------------------------------
 
-    def _identity(self) -> str:
-        return "\n".join([
-            "# Runtime",
-            "You are the agent behind Parley, a chat gateway: people reach you from chat "
-            "channels, and your replies go back to the chat they came from.",
-            f"- OS: {platform.system()} {platform.machine()}",
-            f"- Python: {platform.python_version()}",
-            f"- Workspace: {self.workspace} (file tools and commands work here)",
-        ])
-
     def system_prompt(self, *, heartbeat: bool = False, owner_files: bool = True
                       ) -> SystemPrompt:
-        """The system prompt; without ``owner_files`` it leaves out USER.md and MEMORY.md
-        (a turn whose audience may not see the owner's facts)."""
-        names = (*BOOTSTRAP_FILES, MEMORY_FILE) + ((HEARTBEAT_FILE,) if heartbeat else ())
-        if not owner_files:
-            names = tuple(n for n in names if n not in OWNER_FILES)
-        skills = self.skills.skills()
-        # The skills themselves, not their id(): ids of a freed index generation get reused.
-        sig = (self.loader.signature(names), tuple(skills))
-        key = (heartbeat, owner_files)
-        cached = self._system_cache.get(key)
-        if cached and cached[0] == sig:
-            return cached[1]
-        prompt = self._build_system(names, skills, heartbeat)
-        self._system_cache[key] = (sig, prompt)
-        return prompt
+        """The system prompt (``agent/system_prompt.py``)."""
+        return self.prompts.system_prompt(heartbeat=heartbeat, owner_files=owner_files)
 
     def memory_stores(self, audience: Audience) -> list[MemoryStore]:
         """The memory scopes ``audience`` reads, as (shared, cached) stores."""
@@ -189,46 +138,6 @@ class ContextBuilder:
         memory, tz = self.config.agent.memory, self.config.agent.timezone
         return [memory_store_for(self.workspace, memory, timezone=tz, scope=scope)
                 for scope in audience.recall]
-
-    def _build_system(self, names: tuple[str, ...], skills: list[Any],
-                      heartbeat: bool) -> SystemPrompt:
-        files = {f.name: f for f in self.loader.load(names)}
-        notes = tuple(f"{f.name}: {f.cut}" for f in files.values() if f.cut)
-        parts: list[tuple[str, str]] = [("identity", self._identity())]
-        for name in BOOTSTRAP_FILES:
-            if name in names and name in files and files[name].text:
-                parts.append((name, files[name].text))
-        if MEMORY_FILE in files and files[MEMORY_FILE].text:
-            parts.append(("memory", files[MEMORY_FILE].text))
-        always = [s for s in skills if s.always and s.available]
-        if always:
-            parts.append(("skills_always", "\n\n".join(
-                f"# Skill: {s.name}\n\n{s.body}" for s in always)))
-        listed = [s for s in skills if not (s.always and s.available)]
-        if listed:
-            parts.append(("skills_summary", "# Skills\nRead a skill's file with read_file "
-                          "before using it.\n" + "\n".join(
-                              s.summary_line(self.workspace) for s in listed)))
-        if heartbeat and HEARTBEAT_FILE in files and files[HEARTBEAT_FILE].text:
-            parts.append(("heartbeat", files[HEARTBEAT_FILE].text))
-        layers = tuple(Layer(n, t, self.counter.count_text(t)) for n, t in parts)
-        text = LAYER_SEPARATOR.join(layer.text for layer in layers)
-        return SystemPrompt(text=text, layers=layers, tokens=self.counter.count_text(text) + 4,
-                            notes=notes, skills=len(skills))
-
-    def _with_chat_prompt(self, system: SystemPrompt, text: str) -> SystemPrompt:
-        """``system`` with a chat's own addition as its last layer (counted once per text)."""
-        key = ("chat", text)
-        cached = self._chat_prompts.get(key)
-        if cached is None or cached[0] is not system:
-            layer = Layer("chat_prompt", f"# This chat\n{text}",
-                          self.counter.count_text(f"# This chat\n{text}"))
-            joined = system.text + LAYER_SEPARATOR + layer.text
-            cached = self._chat_prompts[key] = (system, SystemPrompt(
-                text=joined, layers=(*system.layers, layer),
-                tokens=self.counter.count_text(joined) + 4, notes=system.notes,
-                skills=system.skills))
-        return cached[1]
 
     # runtime and user ---------------------------------------------------------------------
 
@@ -363,16 +272,6 @@ class ContextBuilder:
         new = {**body, "content": text}
         return new, self.counter.count_message(new)
 
-    def _layer_hashes(self, system: SystemPrompt) -> list[tuple[str, str]]:
-        """(name, hash) of each layer, hashed once per system prompt."""
-        found = self._hashes.get(id(system))
-        if found is None or found[0] is not system:
-            if len(self._hashes) >= SUMMARY_TOKENS_CACHE:
-                self._hashes.clear()
-            found = self._hashes[id(system)] = (
-                system, [(layer.name, layer.hash) for layer in system.layers])
-        return found[1]
-
     def summary_message(self, compaction: Compaction) -> dict[str, Any]:
         return {"role": "user", "content": f"{SUMMARY_TAG}\n{compaction.summary}"}
 
@@ -400,7 +299,7 @@ class ContextBuilder:
         system = self.system_prompt(heartbeat=inbound.kind == "heartbeat",
                                     owner_files=audience.owner_files)
         if chat_prompt:
-            system = self._with_chat_prompt(system, chat_prompt)
+            system = self.prompts.with_chat_prompt(system, chat_prompt)
         model = model or self.config.agent.model
         recalled = self.recall(inbound, audience) if recall is True else (recall or None)
         runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled,
@@ -419,7 +318,7 @@ class ContextBuilder:
         kept, history_tokens, dropped, everything = self._fit_history(
             history, max(available, 0), trimmed)
         messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
-        layer_hashes = self._layer_hashes(system)
+        layer_hashes = self.prompts.layer_hashes(system)
         texts = {h: layer.text for layer, (_, h) in zip(system.layers, layer_hashes,
                                                          strict=True)}
         texts[runtime_hash := text_hash(runtime["content"])] = runtime["content"]

@@ -24,7 +24,7 @@ from agent.budget import WINDOW_KEY, TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, refused, run_command
 from agent.compacting import SessionCompaction
 from agent.compaction import Compactor
-from agent.context import ContextBuilder
+from agent.context import BUILTIN_SKILLS, ContextBuilder
 from agent.errors import AgentError
 from agent.lanes import Lane, Lanes
 from agent.limits import Limits
@@ -91,6 +91,12 @@ class AgentLoop:
         self._tasks = TaskSet()
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
         self._dispatcher: asyncio.Task[None] | None = None
+        workspace = config.workspace_path / "skills"
+        skills = config.agent.skills
+        self._skill_folders = tuple(
+            f for f in (BUILTIN_SKILLS, *skills.folders,
+                        *([skills.user_folder] if skills.user_folder else []))
+            if f != workspace)
         self.window: dict[str, Any] | None = None
         """How the window is shared out (``WindowPlan.describe``), for ``parley status``."""
 
@@ -102,6 +108,7 @@ class AgentLoop:
         def make(msg: InboundMessage) -> TurnServices:
             made = base(msg)
             made.search = self.store.search_messages
+            made.skill_folders = self._skill_folders
             return made
 
         return make

@@ -68,6 +68,9 @@ class TurnServices:
     """Runs a task in a subagent (``agent/subagent.py``); None where spawning is off."""
     search: MessageSearch | None = None
     """Searches stored conversations (``session_search``); the scope is the tool's to set."""
+    skill_folders: tuple[Path, ...] = ()
+    """Skill folders outside the workspace (built-in, configured, ``~/.parley/skills``):
+    read_file may read the skills' files there, and nothing else of those folders' parents."""
 
 
 @dataclass(slots=True)

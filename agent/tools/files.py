@@ -72,6 +72,25 @@ def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
 _resolve = resolve_for
 
 
+def skill_file(ctx: TurnContext, path: str) -> Path | None:
+    """An absolute ``path`` inside a skill folder outside the workspace (as the skills list
+    shows it): readable by anyone who may read files, like the workspace's ``skills/``."""
+    if not ctx.services.skill_folders or not Path(path).is_absolute() or "\0" in path:
+        return None
+    try:
+        target = Path(path).resolve()
+    except (RuntimeError, OSError):
+        return None
+    for folder in ctx.services.skill_folders:
+        try:
+            root = folder.expanduser().resolve()
+        except (RuntimeError, OSError):
+            continue
+        if target.is_relative_to(root) and target != root:
+            return target
+    return None
+
+
 def _is_binary(head: bytes) -> bool:
     return b"\0" in head
 
@@ -158,7 +177,7 @@ async def read_file(ctx: TurnContext, path: str, offset: int = 1,
         raise ToolRetry("offset is the 1-based number of the first line; use 1 or more")
     if limit is not None and limit < 1:
         raise ToolRetry("limit must be 1 or more (or left out)")
-    target = _resolve(ctx, path)
+    target = skill_file(ctx, path) or _resolve(ctx, path)
     if target.is_dir():
         raise ToolRetry(f"{path} is a directory; use list_dir to see what it holds")
     if not target.is_file():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ByteSize, Field, field_validator, model_validator
 
@@ -59,6 +59,39 @@ class CompactionConfig(Section):
         return self
 
 
+class BootstrapConfig(Section):
+    """More workspace files in the system prompt (``agent.context.bootstrap``)."""
+
+    extra_files: list[str] = Field(default_factory=list)
+    """Workspace-relative paths, after TOOLS.md, within the same size limits; they reach
+    every sender's prompt (like AGENTS.md), so keep private notes out of them."""
+
+    @field_validator("extra_files")
+    @classmethod
+    def _relative(cls, paths: list[str]) -> list[str]:
+        for i, path in enumerate(paths):
+            if not path.strip() or Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"[{i}] {path!r} must be a path inside the workspace, "
+                                 "relative to it (no '..')")
+        return paths
+
+
+class SkillsConfig(Section):
+    """Where skills come from besides the built-in ones and the workspace's ``skills/``."""
+
+    folders: list[Path] = Field(default_factory=list)
+    """More skill folders; a later one overrides an earlier one's skill of the same name."""
+    user_folder: Path | None = Path("~/.parley/skills")
+    """Your own skills for every workspace; over ``folders``, under the workspace's."""
+
+    @field_validator("folders", "user_folder")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [p.expanduser() for p in value]
+        return value.expanduser() if value is not None else None
+
+
 class ContextConfig(Section):
     max_context_tokens: int | None = Field(
         None, gt=0, description="None: the model's window from litellm, else 32,000")
@@ -72,6 +105,7 @@ class ContextConfig(Section):
     least 256, at most ``agent.max_tokens``)."""
     bootstrap_max_chars: int = Field(20_000, gt=100)
     bootstrap_total_max_chars: int = Field(150_000, gt=100)
+    bootstrap: BootstrapConfig = BootstrapConfig()
     compaction: CompactionConfig = CompactionConfig()
 
 
@@ -312,6 +346,7 @@ class AgentConfig(Section):
     queue_cap: int = Field(20, ge=2)
     shutdown_grace: Duration = 10.0
     context: ContextConfig = ContextConfig()
+    skills: SkillsConfig = SkillsConfig()
     tools: ToolsConfig = ToolsConfig()
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()

@@ -100,7 +100,7 @@ async def test_hello_round_trip_and_what_the_model_saw(client: Client, llm: Scri
         "read_file", "write_file", "edit_file", "list_dir", "exec", "web_fetch", "memory",
         "load_tools"}
     assert offered_tools(llm.last_request) - offered_tools(
-        llm.last_request, loadable=False) == {"message", "cron", "spawn"}
+        llm.last_request, loadable=False) == {"message", "cron", "spawn", "session_search"}
 
 
 async def test_second_turn_carries_history_and_system_stays_identical(
