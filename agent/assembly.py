@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.budget import WINDOW_KEY, TokenCounter, WindowPlan, WindowTooSmall
 from agent.context import BuiltContext, ContextBuilder, TurnState
+from agent.history import HistoryCache
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
@@ -40,6 +41,7 @@ class ContextAssembly:
         self.hints = hints
         self.models = models
         self._builder: ContextBuilder | None = None
+        self._history = HistoryCache(store, config.agent.context.max_recent_messages)
         self._window_problem: str | None = None
         self._tools_tokens: dict[tuple[ToolFilter, frozenset[str]],
                                  tuple[list[dict[str, Any]], int]] = {}
@@ -69,11 +71,9 @@ class ContextAssembly:
     async def history(self, session_id: int,
                       compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
         """Messages since the last compaction, at most ``max_recent_messages``; and whether
-        there were more (then the session is due for compaction)."""
-        limit = self.config.agent.context.max_recent_messages
-        start = compaction.first_kept_id if compaction else 0
-        history = await self.store.recent_messages(session_id, limit + 1, from_id=start)
-        return (history[1:], True) if len(history) > limit else (history, False)
+        there were more (then the session is due for compaction). Only the rows written
+        since the session's last turn are read (``agent/history.py``)."""
+        return await self._history.history(session_id, compaction)
 
     def audience(self, msg: InboundMessage) -> Audience:
         """What the sender of ``msg`` may see and do (``agent/trust.py``)."""
