@@ -48,6 +48,7 @@ class Store(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTable
         store = await super().open(path)
         try:
             await store.ensure_search()
+            await store.backfill_search()
         except BaseException:
             await store.close()
             raise

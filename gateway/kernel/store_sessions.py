@@ -120,6 +120,15 @@ def index_rows(ids: list[int], bodies: list[dict[str, Any]], chat: str,
     return rows
 
 
+def _chat_of(session_key: str) -> str | None:
+    """``channel:chat_id`` of a conversation's session key; None for a subagent's, a cron
+    job's or a heartbeat's own session."""
+    channel, _, rest = session_key.partition(":")
+    if not rest or channel in ("subagent", "cron", "heartbeat"):
+        return None
+    return f"{channel}:{rest.split(':', 1)[0]}"
+
+
 INSERT_MESSAGE = ("INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
                   "VALUES (?, ?, ?, ?, ?, ?)")
 INSERT_INDEX = insert_sql(TRIGRAM)
@@ -202,6 +211,33 @@ class SessionTables(LayerTexts):
             "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
             "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
         return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    async def backfill_search(self) -> int:
+        """Once per database: index the messages written before the search index existed
+        (their chat from the session's key, no person: a guest's search does not find them).
+        Returns how many were indexed."""
+        await self.ensure_schema("CREATE TABLE IF NOT EXISTS search_backfill "
+                                 "(done INTEGER NOT NULL)")
+        if await self._fetchone("SELECT done FROM search_backfill", ()):
+            return 0
+
+        def fill(db: sqlite3.Connection) -> int:
+            count = 0
+            rows = db.execute(
+                "SELECT m.id, m.body, s.key FROM messages m JOIN sessions s "
+                "ON s.id = m.session_id WHERE m.role IN ('user', 'assistant') ORDER BY m.id")
+            for batch in iter(lambda: rows.fetchmany(1000), []):
+                index = []
+                for message_id, body, key in batch:
+                    chat = _chat_of(key)
+                    if chat is not None:
+                        index += index_rows([message_id], [json.loads(body)], chat, None)
+                db.executemany(INSERT_INDEX, index)
+                count += len(index)
+            db.execute("INSERT INTO search_backfill (done) VALUES (1)")
+            return count
+
+        return await self._write(fill)
 
     async def last_turn(self, session_id: int) -> tuple[str, str | None] | None:
         """(status, error) of the session's last finished turn (chatter kept as context
