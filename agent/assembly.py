@@ -102,13 +102,16 @@ class ContextAssembly:
 
     def recently_used(self, allowed: ToolFilter,
                       history: list[StoredMessage]) -> frozenset[str]:
-        """Tools not offered at first that the conversation since its last compaction called:
-        offered in full from the start (relevance, without a ``load_tools`` round trip)."""
+        """Tools not offered at first that the conversation since its last compaction called,
+        or that an always-on skill names (``tools:``): offered in full from the start
+        (relevance, without a ``load_tools`` round trip)."""
         deferred = self.registry.deferred(allowed)
         if not deferred:
             return NO_LOADED
         used = {c.get("function", {}).get("name") for m in history if m.role == "assistant"
                 for c in m.body.get("tool_calls") or ()}
+        used.update(t for s in self.builder.skills.skills() if s.always and s.available
+                    for t in s.tools)
         return frozenset(n for n in deferred if n in used) or NO_LOADED
 
     def budget(self, built: BuiltContext) -> TurnBudget:

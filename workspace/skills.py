@@ -30,6 +30,8 @@ class Skill:
     available: bool
     reason: str | None
     body: str
+    tools: tuple[str, ...] = ()
+    """Tools an always-on skill uses: offered in full from the start (``tools:``)."""
 
     def summary_line(self, workspace: Path) -> str:
         try:
@@ -148,5 +150,6 @@ class SkillsIndex:
             available, reason = _availability(meta, self.config)
             found[name] = Skill(name=name, description=str(meta.get("description") or "").strip(),
                                 path=path, always=bool(meta.get("always")),
-                                available=available, reason=reason, body=body)
+                                available=available, reason=reason, body=body,
+                                tools=tuple(_names(meta.get("tools"))))
         return sorted(found.values(), key=lambda s: s.name)

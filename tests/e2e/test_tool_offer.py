@@ -64,3 +64,16 @@ async def test_core_all_offers_every_tool_in_full(make_config: MakeConfig,
         await gw.local.ask("c1", "hello", timeout=10)
         assert {"cron", "spawn", "message"} <= full(llm.last_request)
         assert "load_tools" not in full(llm.last_request)
+
+
+async def test_an_always_on_skill_loads_the_tools_it_names(make_config: MakeConfig,
+                                                           llm: ScriptedLLM) -> None:
+    config = make_config()
+    async with Gateway(config) as gw:
+        folder = config.workspace_path / "skills" / "reminders"
+        folder.mkdir(parents=True)
+        (folder / "SKILL.md").write_text("---\nname: reminders\ndescription: set reminders\n"
+                                         "always: true\ntools: [cron]\n---\nUse cron.")
+        llm.reply("hi")
+        await gw.local.ask("c1", "hello", timeout=10)
+        assert "cron" in full(llm.last_request) and "spawn" not in full(llm.last_request)
