@@ -7,6 +7,7 @@ model) still carries the last turns word for word, and a 128k model compacts rar
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from agent.budget import TokenCounter, reply_reserve
 from gateway.app import Gateway
 from gateway.kernel.config import ConfigError
 from tests.conftest import MakeConfig
+from tests.e2e.test_cli import parley, write_config
 from tests.e2e.test_context_engine import is_flush_call, is_summary_call
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -156,3 +158,13 @@ async def test_the_memory_flush_runs_once_per_cycle_before_compaction_is_due(
     flushes = [turn for kind, turn in events if kind == "flush"]
     summaries = [turn for kind, turn in events if kind == "summary"]
     assert all(f < s for f, s in zip(flushes, summaries, strict=False))  # an earlier turn
+
+
+async def test_parley_status_warns_about_a_tight_window(tmp_path: Path) -> None:
+    config = write_config(tmp_path, None, context={"max_context_tokens": 3500})
+    code, out, err = await parley("status", "--config", str(config))
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("context:"))
+    assert line.startswith("context:  3,500-token window: 437 for the reply")
+    assert "warning: tight: the window of 3,500 tokens (agent.context.max_context_tokens)" \
+        in out
