@@ -37,6 +37,14 @@ class TurnBudget:
 ONE_LINE = 120
 
 
+def shortened_result(message: dict[str, Any]) -> dict[str, Any]:
+    """A tool result as the one line it is shortened to (a replay does the same)."""
+    content = str(message.get("content") or "").strip()
+    first = content.splitlines()[0] if content else ""
+    line = first if len(first) <= ONE_LINE else first[:ONE_LINE] + "…"
+    return {**message, "content": f"[shortened to fit the context window] {line}"}
+
+
 def shorten_old_tool_results(convo: list[dict[str, Any]], budget: TurnBudget) -> int:
     """Replace tool results, oldest first and never the latest round's, by one line until the
     conversation fits; returns how many were shortened."""
@@ -49,9 +57,7 @@ def shorten_old_tool_results(convo: list[dict[str, Any]], budget: TurnBudget) ->
         content = m.get("content")
         if m["role"] != "tool" or not isinstance(content, str) or content.startswith("[shortened"):
             continue
-        first = content.strip().splitlines()[0] if content.strip() else ""
-        line = first if len(first) <= ONE_LINE else first[:ONE_LINE] + "…"
-        new = {**m, "content": f"[shortened to fit the context window] {line}"}
+        new = shortened_result(m)
         budget.used += budget.count(new) - budget.count(m)
         convo[i] = new
         shortened += 1
@@ -102,6 +108,10 @@ def _signature(call: ToolCall) -> str:
 class RunHooks:
     """What the caller of ``Runner.run`` sees while the loop goes, and may add to it. Every
     hook does nothing by default; override the ones you need."""
+
+    def on_request(self, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None) -> None:
+        """The model is about to be asked with exactly these (each call; for snapshots)."""
 
     def on_response(self, response: LLMResponse) -> None:
         """The model answered (each call, before its message joins the conversation)."""
@@ -155,14 +165,15 @@ class Runner:
             hooks.on_message(message)
 
         seen: Counter[str] = Counter()
-        tools = self.registry.schemas(ctx.access.tools) or None
         counted = len(convo)
         for _ in range(self.max_iterations):
+            tools = self.registry.schemas(ctx.access.tools, ctx.notes.loaded) or None
             if budget is not None:
                 budget.used += sum(budget.count(m) for m in convo[counted:])
                 counted = len(convo)
                 if budget.used > budget.limit:
                     result.shortened += shorten_old_tool_results(convo, budget)
+            hooks.on_request(convo, tools)
             response = await self.provider.complete(convo, tools, alias=ctx.model)
             result.responses.append(response)
             hooks.on_response(response)

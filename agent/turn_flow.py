@@ -19,12 +19,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from agent.assembly import ContextAssembly
 from agent.compacting import SessionCompaction
 from agent.compaction import CompactionFailed
-from agent.context import BuiltContext
+from agent.context import BuiltContext, TurnState
 from agent.errors import ProviderContextTooLarge, ProviderError
 from agent.lanes import Lane
 from agent.limits import Limits, Verdict
@@ -32,8 +33,9 @@ from agent.media import MediaStep
 from agent.model_choice import ModelChoice
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
-from agent.runner import Runner, RunResult, Transcript
+from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
+from agent.snapshots import RecordingTranscript
 from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
@@ -45,11 +47,14 @@ from gateway.kernel.store import Compaction, Store
 _log = logging.getLogger(__name__)
 
 STEERED_PREFIX = "[New message while you were working]"
-PROMPT_CUT_MIN = 1500
+PROMPT_CUT_MIN = 1000
 PROMPT_CUT_SHARE = 0.6
 """A server that reports fewer prompt tokens than this share of what was sent is cutting the
 prompt (tokenizers differ by ±20 %, not by 40 %)."""
 PROMPT_CUT_EVERY = 600.0
+CONTEXT_BUILD_ERROR = "context_build_error"
+CONTEXT_ERROR_CHARS = 200
+LAST_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -74,6 +79,7 @@ class _Turn:
     lane: Lane | None
     ctx: TurnContext
     compaction: Compaction | None
+    state: TurnState
     built: BuiltContext = field(init=False)
     record: TurnRecord = field(init=False)
     hooks: _Hooks = field(init=False)
@@ -88,12 +94,13 @@ class _Turn:
         return self.lane is not None and self.lane.stop_requested
 
 
-class _Hooks(Transcript):
+class _Hooks(RecordingTranscript):
     """What the turn does while the tool loop runs: tells the chat which tools run, hands
-    the model messages that arrived meanwhile (``steer`` mode), keeps what was done."""
+    the model messages that arrived meanwhile (``steer`` mode), keeps what was done and
+    each model call's snapshot entry."""
 
     def __init__(self, flow: TurnFlow, turn: _Turn) -> None:
-        super().__init__()
+        super().__init__(turn.built.snapshot, turn.built.texts, turn.built.messages)
         self.flow = flow
         self.turn = turn
 
@@ -113,6 +120,11 @@ class _Hooks(Transcript):
             body = self.flow.assembly.builder.stored_user_message(arrived.msg)
             out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
         return out
+
+
+def search_tags(msg: InboundMessage) -> tuple[str, str]:
+    """(chat, person) a turn's messages are indexed under for ``session_search``."""
+    return f"{msg.channel}:{msg.chat_id}", f"{msg.channel}:{msg.sender_id}"
 
 
 def _deliverable(turn: _Turn, text: str) -> bool:
@@ -146,6 +158,8 @@ class TurnFlow:
         self.media = media
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self._prompt_cut_said = -PROMPT_CUT_EVERY
+        self._last: dict[int, tuple[str, str | None]] = {}
+        """Session → how its last turn ended (status, error), for the runtime block."""
 
     async def run(self, work: Work, lane: Lane | None) -> None:
         """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
@@ -158,7 +172,13 @@ class TurnFlow:
         turn = await self._prepare(work, lane)
         if self.media is not None and self.media.wanted(work.msg):
             await self._understand(turn)
-        await self._build_context(turn)
+        try:
+            await self._build_context(turn)
+        except (asyncio.CancelledError, ProviderError, CompactionFailed):
+            raise
+        except Exception as exc:
+            await self._context_failed(turn, exc)
+            return
         try:
             result = await self._run_tools(turn)
         except (ProviderError, CompactionFailed) as exc:
@@ -166,8 +186,8 @@ class TurnFlow:
             return
         except asyncio.CancelledError:
             if turn.stopped:  # /stop: keep what was done
-                await asyncio.shield(self.recorder.finish(turn.record, turn.hooks.so_far,
-                                                          status="stopped"))
+                await asyncio.shield(self._finish(turn.record, turn.hooks.so_far,
+                                                  status="stopped"))
             raise  # shutdown: nothing stored, the message is answered after the next start
         self._warn_if_prompt_cut(turn.built, result)
         await self._record_and_deliver(turn, result)
@@ -180,7 +200,7 @@ class TurnFlow:
             TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=work.msg.message_id,
                        started_at=utcnow(), user_message=body,
                        user_tokens=self.assembly.counter.count_message(body),
-                       sources=work.sources),
+                       sources=work.sources, index=search_tags(work.msg)),
             None, status="context")
 
     # the steps ----------------------------------------------------------------------------
@@ -193,7 +213,8 @@ class TurnFlow:
                           tools=self.config.agent.tools, services=self.services(msg),
                           audience=self.assembly.audience(msg),
                           model=self.models.alias(msg) if self.models is not None else None)
-        return _Turn(work, lane, ctx, await self.store.compaction(session.id))
+        return _Turn(work, lane, ctx, await self.store.compaction(session.id),
+                     await self._turn_state(session.id, lane))
 
     async def _understand(self, turn: _Turn) -> None:
         """The pre-turn media step (``agent/media``): what was heard, seen and read of the
@@ -217,10 +238,13 @@ class TurnFlow:
         """The stored history built into messages; compacted first when it no longer fits."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         built = self.assembly.build(turn.msg, history, turn.compaction,
-                                    turn_id=turn.ctx.turn_id)
-        if self.compaction.enabled and (built.dropped_turns or more):
-            if await self._compact_before(turn):
-                built = await self._rebuild(turn)
+                                    turn_id=turn.ctx.turn_id, state=turn.state)
+        due = self.compaction.due(built, more, turn.compaction, turn.ctx.session_id) \
+            if self.compaction.enabled else None
+        if due == "compact" and await self._compact_before(turn):
+            built = await self._rebuild(turn)
+        elif due == "flush":
+            await self.compaction.flush_early(turn.ctx, turn.compaction)
         self._try_with(turn, built)
 
     async def _run_tools(self, turn: _Turn) -> RunResult:
@@ -242,8 +266,8 @@ class TurnFlow:
         deliver = _deliverable(turn, result.text)
         if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
             reply = await self._spoken(turn, reply)
-        await self.recorder.finish(turn.record, result, status=result.stop_reason,
-                                   outbound=self.replies.outbox(reply) if deliver else [])
+        await self._finish(turn.record, result, status=result.stop_reason,
+                           outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
@@ -265,11 +289,55 @@ class TurnFlow:
             ProviderContextTooLarge(str(exc)).user_message
         reply = outbound(turn.msg, text, "error", turn.ctx.turn_id)
         quiet = nowhere(turn.msg)
-        await self.recorder.finish(turn.record, turn.hooks.so_far, status="error",
-                                   error=str(exc),
-                                   outbound=[] if quiet else self.replies.outbox(reply))
+        await self._finish(turn.record, turn.hooks.so_far, status="error", error=str(exc),
+                           outbound=[] if quiet else self.replies.outbox(reply))
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
+
+    async def _context_failed(self, turn: _Turn, exc: Exception) -> None:
+        """The context could not be built (a workspace file that cannot be read, a window
+        found too small, a bug): classified ``context_build_error``, recorded with the
+        user's message (nothing is lost), and told in the chat in one line."""
+        _log.exception("turn %s: the context could not be built", turn.ctx.turn_id)
+        error = f"context_build_error: {type(exc).__name__}: {exc}"
+        self.stats.error(error)
+        reply = outbound(turn.msg, "I couldn't prepare this conversation's context "
+                         f"({error[:CONTEXT_ERROR_CHARS]}). Your message is saved; the owner "
+                         "can see the details in the gateway's log.", "error",
+                         turn.ctx.turn_id)
+        stored = self.assembly.builder.stored_user_message(turn.msg)
+        record = TurnRecord(
+            session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
+            inbound_id=turn.msg.message_id, started_at=utcnow(), user_message=stored,
+            user_tokens=self.assembly.counter.count_message(stored), sources=turn.work.sources,
+            index=search_tags(turn.msg))
+        quiet = nowhere(turn.msg)
+        await self._finish(record, None, status=CONTEXT_BUILD_ERROR, error=error,
+                           outbound=[] if quiet else self.replies.outbox(reply))
+        if not quiet:
+            await self.bus.publish_outbound(reply, stored=True)
+
+    async def _finish(self, record: TurnRecord, result: RunResult | None, *, status: str,
+                      error: str | None = None,
+                      outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+        """The turn's one write; its end is what the next turn's runtime block says."""
+        await self.recorder.finish(record, result, status=status, error=error,
+                                   outbound=outbound)
+        if len(self._last) >= LAST_KEPT:
+            self._last.pop(next(iter(self._last)))
+        self._last[record.session_id] = (status, error)
+
+    async def _turn_state(self, session_id: int, lane: Lane | None) -> TurnState:
+        """The messages queued behind this turn and how the session's last turn ended
+        (from memory; from the database once per session after a start)."""
+        last = self._last.get(session_id)
+        if last is None:
+            last = await self.store.last_turn(session_id) or ("none", None)
+            self._last[session_id] = last
+        pending = sum(len(w.sources) for w in lane.waiting) if lane is not None else 0
+        status, error = last
+        return TurnState(pending=pending, last_status=None if status == "none" else status,
+                         last_error=error)
 
     async def _refuse(self, work: Work, verdict: Verdict) -> None:
         """Over a limit: one notice per limit and period, then silence; the messages are
@@ -302,17 +370,20 @@ class TurnFlow:
     async def _rebuild(self, turn: _Turn) -> BuiltContext:
         """The context again, after a compaction."""
         history, _ = await self.assembly.history(turn.ctx.session_id, turn.compaction)
-        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id)
+        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id,
+                                   state=turn.state)
 
     def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
         """A fresh try at the model with ``built``: its record and its hooks."""
         turn.built = built
+        turn.ctx.notes.loaded = built.loaded
         turn.record = TurnRecord(
             session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
             inbound_id=turn.msg.message_id, started_at=utcnow(),
             user_message=built.user_message, user_tokens=built.user_tokens,
-            snapshot=built.snapshot, sources=turn.work.sources,
-            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None)
+            snapshot=built.snapshot, texts=built.texts, sources=turn.work.sources,
+            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None,
+            index=search_tags(turn.msg))
         turn.hooks = _Hooks(self, turn)
 
     async def _run_once(self, turn: _Turn) -> RunResult:

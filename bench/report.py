@@ -159,7 +159,7 @@ def checks(r: dict[str, Any]) -> list[Check]:
         "{:.2f} s", "", None)
     req = r.get("request") or {}
     add("7", f"first \"hello\": tokens (cl100k), {req.get('tools', 0)} tool schemas included",
-        _get(r, "request.tokens_cl100k.total"), "{:,.0f}", "≤ 3,000", lambda v: v <= 3000)
+        _get(r, "request.tokens_cl100k.total"), "{:,.0f}", "≤ 1,500", lambda v: v <= 1500)
     add("7", "first \"hello\": tokens (o200k)", _get(r, "request.tokens_o200k.total"), "{:,.0f}",
         "", None)
     add("7", "first \"hello\": request bytes", req.get("bytes"), "{:,.0f} B", "", None)

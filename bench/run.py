@@ -118,6 +118,10 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
             expect(record, "hello")
             last = server.last_request()
             results["request"] = request_size.measure(last["body"], last["bytes"])
+            hello = results["request"]
+            _say(f"first \"hello\": {hello['tokens_cl100k']['total']:,} tokens (cl100k), "
+                 f"{hello['tokens_o200k']['total']:,} (o200k); tool schemas "
+                 f"{hello['tokens_cl100k']['tools']:,} for {', '.join(hello['tool_names'])}")
             _say("warm-up: 20 turns")
             for i in range(10):
                 for text in (f"warm-up {i}", f"tool: warm-up {i}"):

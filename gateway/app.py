@@ -286,6 +286,7 @@ class Gateway:
             "recent_errors": agent.recent_errors if agent else [],
             "mcp": self.mcp.status() if self.mcp is not None else {},
             "exec": self.exec_access.describe() if self.exec_access is not None else None,
+            "context_window": agent.window if agent else None,
         }
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:

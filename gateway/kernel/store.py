@@ -14,8 +14,12 @@ conversation's model). The row types and ``content_text`` are re-exported here, 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Self
+
 from gateway.kernel.store_db import SCHEMA_VERSION
 from gateway.kernel.store_queues import PendingOutbound, QueueTables
+from gateway.kernel.store_search import SearchHit, SearchTables
 from gateway.kernel.store_sessions import (
     Compaction,
     LLMCallRecord,
@@ -31,9 +35,21 @@ from gateway.kernel.store_usage import UsageRow, UsageTables
 
 __all__ = [
     "SCHEMA_VERSION", "Compaction", "LLMCallRecord", "NewMessage", "PendingOutbound",
+    "SearchHit",
     "SessionRow", "Store", "StoredMessage", "UsageRow", "UsageTags", "content_text",
 ]
 
 
-class Store(SessionTables, QueueTables, SnapshotTables, UsageTables):
+class Store(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTables):
     """The database: open with ``await Store.open(path)``, close once with ``close()``."""
+
+    @classmethod
+    async def open(cls, path: Path) -> Self:
+        store = await super().open(path)
+        try:
+            await store.ensure_search()
+            await store.backfill_search()
+        except BaseException:
+            await store.close()
+            raise
+        return store

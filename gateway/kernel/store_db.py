@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS turns (
     started_at TEXT NOT NULL,
     finished_at TEXT
 );
+CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
 
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -102,6 +103,11 @@ CREATE TABLE IF NOT EXISTS context_snapshots (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+
+CREATE TABLE IF NOT EXISTS layer_texts (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
