@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.assembly import ContextAssembly
@@ -37,9 +37,10 @@ from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, new_id, utcnow
+from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
+from gateway.kernel.streams import Outcome, ReplyStream, stream_key
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class _Turn:
     lane: Lane | None
     ctx: TurnContext
     compaction: Compaction | None
+    stream: ReplyStream | None = None
+    """The reply shown while it is written (None: the chat's channel shows nothing live)."""
     built: BuiltContext = field(init=False)
     record: TurnRecord = field(init=False)
     hooks: _Hooks = field(init=False)
@@ -96,8 +99,22 @@ class _Hooks(Transcript):
         self.flow = flow
         self.turn = turn
 
+    @property
+    def wants_text(self) -> bool:  # type: ignore[override]
+        return self.turn.stream is not None
+
+    def on_text(self, visible: str) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.append(visible)
+
+    def on_text_reset(self) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.reset()
+
     async def progress(self, text: str) -> None:
         msg = self.turn.msg
+        if self.turn.stream is not None:
+            self.turn.stream.set_status(text)
         if not nowhere(msg):
             await self.flow.bus.publish_outbound(
                 outbound(msg, text, "progress", self.turn.ctx.turn_id, key=new_id()))
@@ -112,6 +129,11 @@ class _Hooks(Transcript):
             body = self.flow.assembly.builder.stored_user_message(arrived.msg)
             out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
         return out
+
+
+def _streamed(turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
+    """``reply`` marked as the final of the turn's stream, if it had one."""
+    return reply if turn.stream is None else replace(reply, stream=turn.stream.key)
 
 
 def _deliverable(turn: _Turn, text: str) -> bool:
@@ -154,19 +176,26 @@ class TurnFlow:
             await self._refuse(work, verdict)
             return
         turn = await self._prepare(work, lane)
-        await self._build_context(turn)
+        outcome: Outcome = "none"
         try:
-            result = await self._run_tools(turn)
-        except (ProviderError, CompactionFailed) as exc:
-            await self._record_failure(turn, exc)
-            return
-        except asyncio.CancelledError:
-            if turn.stopped:  # /stop: keep what was done
-                await asyncio.shield(self.recorder.finish(turn.record, turn.hooks.so_far,
-                                                          status="stopped"))
-            raise  # shutdown: nothing stored, the message is answered after the next start
-        self._warn_if_prompt_cut(turn.built, result)
-        await self._record_and_deliver(turn, result)
+            await self._build_context(turn)
+            try:
+                result = await self._run_tools(turn)
+            except (ProviderError, CompactionFailed) as exc:
+                outcome = await self._record_failure(turn, exc)
+                return
+            except asyncio.CancelledError:
+                if turn.stopped:  # /stop: keep what was done
+                    await asyncio.shield(self.recorder.finish(turn.record, turn.hooks.so_far,
+                                                              status="stopped"))
+                else:  # shutdown: nothing stored, answered after the next start
+                    outcome = "shutdown"
+                raise
+            self._warn_if_prompt_cut(turn.built, result)
+            outcome = await self._record_and_deliver(turn, result)
+        finally:
+            if turn.stream is not None:
+                turn.stream.close(outcome)
 
     async def keep_as_context(self, work: Work) -> None:
         """A group message not addressed to us: part of the history, no turn, no reply."""
@@ -189,7 +218,12 @@ class TurnFlow:
                           tools=self.config.agent.tools, services=self.services(msg),
                           audience=self.assembly.audience(msg),
                           model=self.models.alias(msg) if self.models is not None else None)
-        return _Turn(work, lane, ctx, await self.store.compaction(session.id))
+        turn = _Turn(work, lane, ctx, await self.store.compaction(session.id))
+        if msg.kind == "user" and not nowhere(msg):
+            turn.stream = self.bus.open_stream(replace(
+                outbound(msg, "", "reply", ctx.turn_id),
+                stream=stream_key(msg.channel, msg.chat_id, msg.message_id)))
+        return turn
 
     async def _build_context(self, turn: _Turn) -> None:
         """The stored history built into messages; compacted first when it no longer fits."""
@@ -213,30 +247,33 @@ class TurnFlow:
         self._try_with(turn, await self._rebuild(turn))
         return await self._run_once(turn)
 
-    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> None:
+    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> Outcome:
         """The turn and its reply stored in one transaction, then the reply sent (unless
         it is not to be: see ``_deliverable``)."""
-        reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, result.text, "reply", turn.ctx.turn_id))
         deliver = _deliverable(turn, result.text)
         await self.recorder.finish(turn.record, result, status=result.stop_reason,
                                    outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+        return "final" if deliver else "none"
 
-    async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
+    async def _record_failure(self, turn: _Turn,
+                              exc: ProviderError | CompactionFailed) -> Outcome:
         """What was done is stored, and the chat hears what went wrong in one line."""
         _log.warning("turn %s: %s: %s", turn.ctx.turn_id, type(exc).__name__, exc)
         self.stats.error(f"{type(exc).__name__}: {exc}")
         text = exc.user_message if isinstance(exc, ProviderError) else \
             ProviderContextTooLarge(str(exc)).user_message
-        reply = outbound(turn.msg, text, "error", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, text, "error", turn.ctx.turn_id))
         quiet = nowhere(turn.msg)
         await self.recorder.finish(turn.record, turn.hooks.so_far, status="error",
                                    error=str(exc),
                                    outbound=[] if quiet else self.replies.outbox(reply))
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
+        return "none" if quiet else "final"
 
     async def _refuse(self, work: Work, verdict: Verdict) -> None:
         """Over a limit: one notice per limit and period, then silence; the messages are

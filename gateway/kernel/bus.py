@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+from gateway.kernel.streams import ReplyStream
 
 if TYPE_CHECKING:
     from gateway.kernel.store import Store
@@ -33,6 +34,7 @@ class MessageBus:
         self._outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(maxsize)
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
+        self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
         self.last_inbound: dict[str, datetime] = {}
@@ -56,6 +58,16 @@ class MessageBus:
                 listener(event)
             except Exception:
                 _log.exception("activity listener failed")
+
+    def on_stream(self, opener: Callable[[OutboundMessage], ReplyStream | None]) -> None:
+        """Who shows replies while they are written (the root's ``StreamDesk``)."""
+        self._stream_opener = opener
+
+    def open_stream(self, target: OutboundMessage) -> ReplyStream | None:
+        """A live view of the reply to ``target`` (its chat and ``stream`` key), or None
+        when its channel shows nothing live: the turn then streams nothing at all."""
+        opener = self._stream_opener
+        return opener(target) if opener is not None else None
 
     @property
     def closed(self) -> bool:

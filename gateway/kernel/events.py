@@ -162,6 +162,9 @@ class OutboundMessage:
     turn_id: str | None = None
     idempotency_key: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+    stream: str | None = None
+    """The key of the reply stream (``gateway/kernel/streams.py``) that showed this answer
+    while it was written: delivering it edits or replaces what the stream showed."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutboundMessage:
