@@ -59,6 +59,7 @@ from channels.telegram_convert import (
     never_sent,
     retry_seconds,
 )
+from channels.telegram_live import TelegramLive
 from channels.telegram_outbound import Outbound
 from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
@@ -111,6 +112,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         self._filter.cover(*_LOGGERS_WITH_URLS)  # before the first Bot: PTB logs its URLs
         self._bot = self._new_bot()
         self._outbound = Outbound(self._bot, self._sent, self._token)
+        self.live = TelegramLive(self._bot, self._outbound, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
                                 rules=access_rules(config), media_dir=media_dir,
                                 max_media_bytes=config.max_media_bytes)

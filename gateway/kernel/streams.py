@@ -124,9 +124,17 @@ class ReplyStream:
 
 def interim_markdown(text: str) -> str:
     """``text`` cut mid-answer, made whole for showing: a code fence left open is closed
-    (else everything after it would show as code, and a later edit would jump)."""
+    (else everything after it would show as code, and a later edit would jump), and so are
+    an inline code span and bold left open in the last paragraph."""
     fences = 0
     for line in text.splitlines():
         if line.lstrip().startswith(("```", "~~~")):
             fences += 1
-    return f"{text}\n```" if fences % 2 else text
+    if fences % 2:
+        return f"{text}\n```"
+    last = text.rsplit("\n\n", 1)[-1]
+    if last.count("`") % 2:
+        return f"{text}`"
+    if last.count("**") % 2:
+        return f"{text.rstrip()}**"
+    return text

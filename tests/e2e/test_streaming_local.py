@@ -77,8 +77,9 @@ async def test_updates_are_throttled_on_the_clock(make_config: MakeConfig,
     async with Gateway(config, grace=2.0, clock=clock) as gw:
         await gw.local.inject(CHAT, "count")
         await until(lambda: kinds(gw) == ["partial"], "the first piece shown at once")
+        asleep = clock.sleeping  # the gateway's schedules sleep on the clock too
         second.release()
-        await clock.settled(1)  # the desk waits for the interval: nothing shown meanwhile
+        await clock.settled(asleep + 1)  # the desk waits for the interval: nothing shown meanwhile
         assert [r["text"] for r in records(gw)] == ["one "]
         clock.advance(1.0)
         await until(lambda: len(records(gw)) == 2, "the second piece after the interval")
