@@ -68,6 +68,7 @@ from channels.discord_library import (
     heartbeat_ack_age,
     point_library_at,
 )
+from channels.discord_live import DiscordLive
 from channels.discord_outbound import SEND_ERRORS, Outbound
 from channels.discord_reader import Reader
 from channels.inbound import Inbound
@@ -119,6 +120,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._client: Client | None = None
         self._logged_in = False
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
+        self.live = DiscordLive(self._live_client, self._outbound, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
                                 rules=access_rules(config), media_dir=workspace / "inbox",
                                 max_media_bytes=config.max_media_bytes,
