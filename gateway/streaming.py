@@ -57,17 +57,20 @@ class StreamDesk:
         self._ids: dict[str, str] = {}
         """Stream key → the platform message showing it (what the table holds)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._loaded = asyncio.Event()
+        """Set once the recorded messages are read: a turn answered again at the start
+        (before the outbox runs) must find the message its first run showed."""
         self.first_shown_ms: list[float] = []
         """From the model's first text to the channel's first answer showing it (bench)."""
 
     async def start(self, store: Store | None) -> None:
         self.store = store
-        if store is None:
-            return
-        await store.ensure_schema(_SCHEMA)
-        for key, message_id in await store.fetchall(
-                "SELECT key, message_id FROM reply_streams"):
-            self._ids[str(key)] = str(message_id)
+        if store is not None:
+            await store.ensure_schema(_SCHEMA)
+            for key, message_id in await store.fetchall(
+                    "SELECT key, message_id FROM reply_streams"):
+                self._ids[str(key)] = str(message_id)
+        self._loaded.set()
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
@@ -132,6 +135,7 @@ class StreamDesk:
                       settings: StreamingConfig) -> None:
         closed = asyncio.Event()
         stream.listen(lambda s: closed.set() if s.closed else None)
+        await self._loaded.wait()
         interval = timedelta(seconds=settings.interval)
         shown = ""
         last_at = None
