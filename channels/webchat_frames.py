@@ -5,6 +5,10 @@ when a token is configured and no ``Authorization`` header came), ``message`` ``
 "message_id", "text", "image"?: {"data_base64", "mime", "name"?}}`` and ``ping``. A refused
 frame gets ``{"type": "error", "error": "<field>: <why>", "message_id", "retry"}``, naming the
 field at fault, so the page can show the reason next to the message it concerns.
+
+Live replies (``channels.webchat.streaming``): ``{"type": "partial", "stream", "text"}`` is
+the answer so far (the whole text each time), ``{"type": "partial_end", "stream"}`` takes it
+away (no answer follows), and the final ``message`` frame carries the same ``stream``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
 """Raster formats only: an SVG is a document that can carry script."""
 _MESSAGE_FIELDS = frozenset({"type", "chat_id", "message_id", "text", "image"})
 _IMAGE_FIELDS = frozenset({"data_base64", "mime", "name"})
+
+
+PARTIAL = "partial"
+"""What a page shows a reply in while it is written: no message of the log yet."""
+
+
+def partial_frame(stream: str, text: str) -> dict[str, Any]:
+    return {"type": "partial", "stream": stream, "text": text}
 
 
 class FrameError(Exception):
