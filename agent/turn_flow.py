@@ -37,7 +37,14 @@ from agent.turn import TurnContext, TurnServices
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
+from gateway.kernel.events import (
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    Stage,
+    new_id,
+    utcnow,
+)
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
 from gateway.kernel.streams import Outcome, ReplyStream, stream_key
@@ -131,6 +138,16 @@ class _Hooks(Transcript):
         return out
 
 
+def stage(bus: MessageBus, sources: list[InboundMessage], name: Stage) -> None:
+    """Where people's messages are (acknowledgement reactions); the gateway's own turns and
+    kept chatter have none."""
+    for msg in sources:
+        if msg.kind in ("user", "command") and not msg.context_only:
+            bus.stage(MessageStage(channel=msg.channel, chat_id=msg.chat_id,
+                                   message_id=msg.message_id, stage=name,
+                                   thread_id=msg.thread_id))
+
+
 def _streamed(turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
     """``reply`` marked as the final of the turn's stream, if it had one."""
     return reply if turn.stream is None else replace(reply, stream=turn.stream.key)
@@ -175,13 +192,16 @@ class TurnFlow:
         if limits is not None and limits.enabled and (verdict := await limits.check(work.msg)):
             await self._refuse(work, verdict)
             return
+        stage(self.bus, work.sources, "taken")  # before the model is asked
         turn = await self._prepare(work, lane)
         outcome: Outcome = "none"
+        failed = False
         try:
             await self._build_context(turn)
             try:
                 result = await self._run_tools(turn)
             except (ProviderError, CompactionFailed) as exc:
+                failed = True
                 outcome = await self._record_failure(turn, exc)
                 return
             except asyncio.CancelledError:
@@ -196,6 +216,8 @@ class TurnFlow:
         finally:
             if turn.stream is not None:
                 turn.stream.close(outcome)
+            if outcome != "shutdown":
+                stage(self.bus, work.sources, "failed" if failed else "done")
 
     async def keep_as_context(self, work: Work) -> None:
         """A group message not addressed to us: part of the history, no turn, no reply."""

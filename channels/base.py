@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gateway.kernel.events import ChatActivity, OutboundMessage
+from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage
 from gateway.kernel.values import ChannelHints, Delivery
 
 if TYPE_CHECKING:
@@ -98,6 +98,11 @@ class ChannelBase:
     live: LiveReplies | None = None
 
     def activity(self, event: ChatActivity) -> None:
+        return None
+
+    def react(self, event: MessageStage) -> None:
+        """Show where a person's message is (a reaction), when the channel's
+        ``streaming.reactions`` is on. Default: nothing. Must not block."""
         return None
 
 

@@ -72,6 +72,7 @@ from channels.discord_live import DiscordLive
 from channels.discord_outbound import SEND_ERRORS, Outbound
 from channels.discord_reader import Reader
 from channels.inbound import Inbound
+from channels.reactions import Reactions
 from channels.sent_parts import SentParts
 from gateway.kernel.backoff import Backoff
 from gateway.kernel.bus import MessageBus
@@ -129,6 +130,8 @@ class DiscordChannel(StateWatch, ChannelBase):
                               cursors=Cursors(store))
         self._read_back_at_start = False
         self._tasks = TaskSet()
+        self.react = Reactions(NAME, self._tasks,  # type: ignore[method-assign]
+                               self.live.reaction).react
         self._typing = Typing(NAME, self._tasks, place=lambda e: e.thread_id or e.chat_id,
                               show=self._show_typing, interval=config.typing_interval,
                               clock=clock)

@@ -28,7 +28,7 @@ from channels.discord_convert import (
 )
 from channels.discord_outbound import SEND_ERRORS, Outbound
 from channels.sent_parts import SentParts
-from gateway.kernel.events import OutboundMessage
+from gateway.kernel.events import MessageStage, OutboundMessage
 from gateway.kernel.streams import interim_markdown
 from gateway.kernel.values import Delivery
 
@@ -102,6 +102,15 @@ class DiscordLive:
                 return map_errors(exc, self._secrets)
             await self._sent.record(key, 0, message_id, msg.chat_id)
         return await self._outbound.send(msg)
+
+    async def reaction(self, event: MessageStage, emoji: str, previous: str | None) -> None:
+        client = self._client()
+        where = _snowflake(event.thread_id) or _snowflake(event.chat_id)
+        if client is None or where is None or not event.message_id.isdigit():
+            return
+        await client.http.add_reaction(where, int(event.message_id), emoji)
+        if previous is not None:
+            await client.http.remove_own_reaction(where, int(event.message_id), previous)
 
     async def remove(self, target: OutboundMessage, message_id: str) -> None:
         where = self._where(target)

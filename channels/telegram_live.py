@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import zlib
 
-from telegram import Bot
+from telegram import Bot, ReactionTypeEmoji
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
@@ -35,11 +35,14 @@ from channels.telegram_convert import (
     text_parts,
 )
 from channels.telegram_outbound import Outbound
-from gateway.kernel.events import OutboundMessage
+from gateway.kernel.events import MessageStage, OutboundMessage, Stage
 from gateway.kernel.streams import interim_markdown
 from gateway.kernel.values import Delivery
 
 _log = logging.getLogger(__name__)
+
+REACTIONS: dict[Stage, str] = {"taken": "👀", "queued": "🥱", "done": "👌", "failed": "😢"}
+"""Bots may react with Telegram's standard set only (no ✅, ❌ or ⏳ there)."""
 
 
 def draft_id(key: str) -> int:
@@ -152,6 +155,11 @@ class TelegramLive:
                     return delivery
             await self._sent.record(key, 0, message_id, msg.chat_id)
         return await self._outbound.send(msg)
+
+    async def reaction(self, event: MessageStage, emoji: str, previous: str | None) -> None:
+        """``setMessageReaction`` replaces the bot's reaction: ``previous`` goes by itself."""
+        await self._bot.set_message_reaction(event.chat_id, int(event.message_id),
+                                             [ReactionTypeEmoji(emoji)])
 
     async def remove(self, target: OutboundMessage, message_id: str) -> None:
         try:

@@ -30,7 +30,7 @@ from channels.base import Channel
 from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DeliveryConfig
-from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
+from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
 from gateway.kernel.store import Store
 from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints, Delivery
@@ -100,6 +100,7 @@ class ChannelManager:
         self.streams = StreamDesk(self.channels, lambda name: None)
         """Replies shown while written; the root sets which channels (``settings``)."""
         bus.on_stream(self.streams.open)
+        bus.on_stage(self._stage)
 
     # channels ------------------------------------------------------------------------------
 
@@ -116,6 +117,15 @@ class ChannelManager:
         channel = self.channels.get(event.channel)
         if channel is not None:
             channel.activity(event)
+
+    def _stage(self, event: MessageStage) -> None:
+        """Forward to the message's channel when it shows reactions (``streaming``)."""
+        channel = self.channels.get(event.channel)
+        settings = self.streams.settings(event.channel)
+        if channel is not None and settings is not None and settings.reactions:
+            react = getattr(channel, "react", None)
+            if react is not None:
+                react(event)
 
     async def start_channels(self) -> None:
         """Start each channel; one that cannot start is marked down and retried in the

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+from gateway.kernel.events import (
+    ChatActivity,
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    utcnow,
+)
 from gateway.kernel.streams import ReplyStream
 
 if TYPE_CHECKING:
@@ -35,6 +41,7 @@ class MessageBus:
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
         self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
+        self._stages: list[Callable[[MessageStage], None]] = []
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
         self.last_inbound: dict[str, datetime] = {}
@@ -58,6 +65,17 @@ class MessageBus:
                 listener(event)
             except Exception:
                 _log.exception("activity listener failed")
+
+    def on_stage(self, listener: Callable[[MessageStage], None]) -> None:
+        self._stages.append(listener)
+
+    def stage(self, event: MessageStage) -> None:
+        """Tell listeners (the channels' reactions) where a person's message is."""
+        for listener in self._stages:
+            try:
+                listener(event)
+            except Exception:
+                _log.exception("stage listener failed")
 
     def on_stream(self, opener: Callable[[OutboundMessage], ReplyStream | None]) -> None:
         """Who shows replies while they are written (the root's ``StreamDesk``)."""

@@ -179,3 +179,19 @@ class ChatActivity:
     chat_id: str
     thread_id: str | None = None
     busy: bool = True
+
+
+Stage = Literal["taken", "queued", "done", "failed"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageStage:
+    """Where a person's message is, for acknowledgement reactions: ``taken`` by a turn (the
+    model is about to be asked), ``queued`` behind a busy turn, answered (``done``) or not
+    (``failed``)."""
+
+    channel: str
+    chat_id: str
+    message_id: str
+    stage: Stage
+    thread_id: str | None = None

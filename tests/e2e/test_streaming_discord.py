@@ -80,3 +80,20 @@ async def test_a_long_answer_ends_split(make_config: MakeConfig, dc: FakeDiscord
             gates[i].release()
         await dc.wait_for(lambda: [s.content for s in dc.sent_to(dm["id"])] == expected)
     assert len(expected) == 5
+
+
+async def test_reactions_taken_then_done(make_config: MakeConfig, dc: FakeDiscord,
+                                         llm: ScriptedLLM, ada: dict[str, Any]) -> None:
+    answer = llm.hold()
+    llm.reply("done")
+    dm = dc.dm_channel(ada)
+    config = discord_config(make_config, dc, streaming={"reactions": True})
+    async with Gateway(config, grace=2.0):
+        asked = dc.post(dm, ada, "hi")
+        mid = int(asked["id"])
+        await llm.wait_in_flight(1)
+        await dc.wait_for(lambda: dc.reactions.get(mid) == ["👀"])  # while the model works
+        answer.release()
+        await dc.wait_sent(dm["id"])
+        await dc.wait_for(lambda: dc.reactions.get(mid) == ["✅"])
+    assert dc.reaction_log == [("add", mid, "👀"), ("add", mid, "✅"), ("remove", mid, "👀")]

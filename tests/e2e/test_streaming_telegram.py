@@ -144,3 +144,34 @@ async def test_a_long_answer_streams_and_ends_split(make_config: MakeConfig, tg:
         await tg.wait_sent(chat, 3)
         await tg.wait_for(lambda: [s.text for s in tg.sent_to(chat)] == expected)
     assert updates() >= len(pieces) + 2  # it streamed: several updates, then three parts
+
+
+async def test_reactions_taken_queued_then_done_or_failed(make_config: MakeConfig,
+                                                          tg: FakeTelegram,
+                                                          llm: ScriptedLLM) -> None:
+    answer = llm.hold()
+    llm.reply("first answer")
+    llm.reply("second answer")
+    llm.error(400, "the model refused")
+    group = tg.group(GROUP_ID, "Trip")
+    ada = tg.user(ADA_ID, "Ada")
+    config = telegram_config(make_config, tg, allow_groups=[str(GROUP_ID)],
+                             streaming={"reactions": True})  # reactions without streaming
+    async with Gateway(config, grace=2.0):
+        first = tg.message(group, ada, "@parley_bot first")
+        await llm.wait_in_flight(1)
+        await tg.wait_for(lambda: (GROUP_ID, first["message_id"], ["👀"]) in tg.reactions)
+        second = tg.message(group, ada, "@parley_bot second")
+        await tg.wait_for(lambda: (GROUP_ID, second["message_id"], ["🥱"]) in tg.reactions)
+        answer.release()
+        await tg.wait_sent(GROUP_ID, 2)
+        await tg.wait_for(lambda: (GROUP_ID, second["message_id"], ["👌"]) in tg.reactions)
+        third = tg.message(group, ada, "@parley_bot third")
+        await tg.wait_for(lambda: (GROUP_ID, third["message_id"], ["😢"]) in tg.reactions)
+
+    def seen(message: dict[str, Any]) -> list[list[str]]:
+        return [e for c, m, e in tg.reactions if m == message["message_id"]]
+
+    assert seen(first) == [["👀"], ["👌"]]
+    assert seen(second) == [["🥱"], ["👀"], ["👌"]]
+    assert seen(third) == [["👀"], ["😢"]]

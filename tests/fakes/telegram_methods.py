@@ -20,6 +20,13 @@ from tests.fakes.telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes.telegram_state import JSON, MAX_DOWNLOAD, TEXT_LIMIT, Failure, Sent, TelegramState
 
 
+REACTION_EMOJI = frozenset(
+    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 "
+    "🤨 😐 🍓 🍾 💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 🆒 💘 🙉 🦄 😘 "
+    "💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡".split())
+"""The emoji a bot may react with (``ReactionTypeEmoji``); Telegram refuses others."""
+
+
 class ApiError(Exception):
     """A Bot API error: ``error_code``, ``description`` and optional ``parameters``."""
 
@@ -305,6 +312,8 @@ class TelegramMethods(TelegramState):
         message_id = int(params.get("message_id") or 0)
         kinds = json.loads(params.get("reaction") or "[]")
         emoji = [r["emoji"] for r in kinds if r.get("type") == "emoji"]
+        if any(e not in REACTION_EMOJI for e in emoji):
+            raise ApiError(400, "Bad Request: REACTION_INVALID")
         self.reactions.append((chat_id, message_id, emoji))
         return True
 
