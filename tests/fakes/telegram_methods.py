@@ -19,11 +19,14 @@ from aiohttp import web
 from tests.fakes.telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes.telegram_state import JSON, MAX_DOWNLOAD, TEXT_LIMIT, Failure, Sent, TelegramState
 
-
-REACTION_EMOJI = frozenset(
-    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 "
-    "🤨 😐 🍓 🍾 💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 🆒 💘 🙉 🦄 😘 "
-    "💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡".split())
+REACTION_EMOJI = frozenset((
+    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 "
+    "🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 "
+    "❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 🤨 😐 🍓 "
+    "🍾 💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 "
+    "😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 "
+    "🆒 💘 🙉 🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ "
+    "😡 ").split())
 """The emoji a bot may react with (``ReactionTypeEmoji``); Telegram refuses others."""
 
 
