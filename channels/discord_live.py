@@ -99,7 +99,15 @@ class DiscordLive:
             except SEND_ERRORS as exc:
                 if _unknown_message(exc):  # deleted meanwhile: sent whole instead
                     return await self._outbound.send(msg)
-                return map_errors(exc, self._secrets)
+                delivery = map_errors(exc, self._secrets)
+                if not delivery.permanent:
+                    return delivery
+                _log.warning("discord: the final edit was refused (%s); sending the reply "
+                             "as new messages", delivery.error)
+                delivery = await self._outbound.send(msg)  # never none, then never two
+                if delivery.ok:
+                    await self.remove(msg, message_id)
+                return delivery
             await self._sent.record(key, 0, message_id, msg.chat_id)
         return await self._outbound.send(msg)
 

@@ -151,10 +151,17 @@ class TelegramLive:
                     if isinstance(exc, BadRequest):  # an edit refused: send it anew
                         _log.warning("telegram: the final edit was refused (%s); sending "
                                      "the reply as new messages", delivery.error)
-                        return await self._outbound.send(msg)
+                        return await self._instead(msg, message_id)
                     return delivery
             await self._sent.record(key, 0, message_id, msg.chat_id)
         return await self._outbound.send(msg)
+
+    async def _instead(self, msg: OutboundMessage, message_id: str) -> Delivery:
+        """The reply sent whole, then the shown message taken away: never none, never two."""
+        delivery = await self._outbound.send(msg)
+        if delivery.ok:
+            await self.remove(msg, message_id)
+        return delivery
 
     async def reaction(self, event: MessageStage, emoji: str, previous: str | None) -> None:
         """``setMessageReaction`` replaces the bot's reaction: ``previous`` goes by itself."""

@@ -175,3 +175,20 @@ async def test_reactions_taken_queued_then_done_or_failed(make_config: MakeConfi
     assert seen(first) == [["👀"], ["👌"]]
     assert seen(second) == [["🥱"], ["👀"], ["👌"]]
     assert seen(third) == [["👀"], ["😢"]]
+
+
+async def test_a_refused_final_edit_leaves_one_answer(make_config: MakeConfig,
+                                                      tg: FakeTelegram,
+                                                      llm: ScriptedLLM) -> None:
+    rest = Gate()
+    llm.reply(ANSWER, pieces=[ANSWER[:30], ANSWER[30:]], pauses={2: rest})
+    group = tg.group(GROUP_ID, "Trip")
+    config = streaming(make_config, tg, min_chars=10_000)  # no edit before the final's
+    async with Gateway(config, grace=2.0):
+        tg.message(group, tg.user(ADA_ID, "Ada"), "@parley_bot plan the trip")
+        [half] = await tg.wait_sent(GROUP_ID)
+        tg.fail_next("editMessageText", 400, description="Bad Request: message can't be edited")
+        rest.release()
+        await tg.wait_for(lambda: tg.deleted == [half])
+    [final] = tg.sent_to(GROUP_ID)
+    assert final.text.endswith("rest.") and final is not half
