@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gateway.kernel.events import (
     ChatActivity,
@@ -28,6 +28,18 @@ if TYPE_CHECKING:
     from gateway.kernel.store import Store
 
 _log = logging.getLogger(__name__)
+
+
+E = TypeVar("E")
+
+
+def _tell(listeners: list[Callable[[E], None]], event: E, what: str) -> None:
+    """Each listener hears ``event``; one that raises is logged and the others still hear."""
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:
+            _log.exception("%s listener failed", what)
 
 
 class BusClosed(Exception):
@@ -60,22 +72,14 @@ class MessageBus:
 
     def activity(self, event: ChatActivity) -> None:
         """Tell listeners (the channels' typing indicators) a chat's turn started or ended."""
-        for listener in self._activity:
-            try:
-                listener(event)
-            except Exception:
-                _log.exception("activity listener failed")
+        _tell(self._activity, event, "activity")
 
     def on_stage(self, listener: Callable[[MessageStage], None]) -> None:
         self._stages.append(listener)
 
     def stage(self, event: MessageStage) -> None:
         """Tell listeners (the channels' reactions) where a person's message is."""
-        for listener in self._stages:
-            try:
-                listener(event)
-            except Exception:
-                _log.exception("stage listener failed")
+        _tell(self._stages, event, "stage")
 
     def on_stream(self, opener: Callable[[OutboundMessage], ReplyStream | None]) -> None:
         """Who shows replies while they are written (the root's ``StreamDesk``)."""

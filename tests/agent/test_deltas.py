@@ -4,18 +4,15 @@ server that answers a stream request with one JSON body read as a whole answer."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
 import pytest
 
 from agent.deltas import ThinkFilter
 from agent.llm_types import without_reasoning
-from agent.provider import Provider
-from gateway.kernel.config import AgentConfig
+from tests.agent.test_provider import MakeProvider
+from tests.agent.test_provider import provider as provider  # noqa: F401 - the fixture
 from tests.fakes.openai_server import ScriptedLLM
 
 HELLO = [{"role": "user", "content": "hello"}]
-MakeProvider = Callable[..., Provider]
 
 
 class Seen:
@@ -31,24 +28,8 @@ class Seen:
         self.pieces.clear()
 
 
-@pytest.fixture(params=["auto", "litellm"], ids=["direct", "litellm"])
-async def provider(llm: ScriptedLLM, request: pytest.FixtureRequest
-                   ) -> AsyncIterator[MakeProvider]:
-    made: list[Provider] = []
-
-    def make(**kw: object) -> Provider:
-        p = Provider(AgentConfig.model_validate({
-            "model": "openai/test-model", "api_base": llm.base_url, "api_key": "sk-test",
-            "retry_backoff": 0.001, "timeout": 5, "transport": request.param, **kw}))
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        await p.aclose()
-
-
-async def test_pieces_arrive_as_written(llm: ScriptedLLM, provider: MakeProvider) -> None:
+async def test_pieces_arrive_as_written(llm: ScriptedLLM,
+                                        provider: MakeProvider) -> None:  # noqa: F811
     llm.reply("one two three", pieces=["one ", "two ", "three"])
     seen = Seen()
     r = await provider().complete(HELLO, deltas=seen)  # agent.stream is off: asked anyway
