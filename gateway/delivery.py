@@ -362,6 +362,8 @@ class ChannelManager:
         if job.durable and self.store is not None:
             await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
                                            attempts=job.attempts, error=error, dead=True)
+        if job.msg.stream is not None:  # what the stream showed stays as it is
+            await self.streams.forget(job.msg.stream)
 
     # health --------------------------------------------------------------------------------
 

@@ -14,6 +14,12 @@ reply (``OutboundMessage.stream``) goes through the outbox, and its delivery
 into it (``LiveReplies.finish``), exactly once, and the row is forgotten after. After a
 ``kill -9`` the row is still there: the turn answered again after the restart (or its stored
 reply) finishes the same message instead of leaving a second copy beside it.
+
+The one window left: a process killed between the platform creating the first message and
+that row's commit (a few milliseconds). On Discord the restart's first update carries the same
+nonce, so Discord returns that message instead of a second; Telegram has no such check, and
+would then show the answer in a new message beside the half one. Drafts (Telegram's private
+chats) leave nothing behind to begin with.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ CREATE TABLE IF NOT EXISTS reply_streams (
 );
 """
 FIRST_SHOWN_KEPT = 1000
+KEEP_SECONDS = 7 * 24 * 3600.0
+"""A recorded message whose reply never came for this long is forgotten at the next start."""
 
 
 class StreamDesk:
@@ -67,6 +75,9 @@ class StreamDesk:
         self.store = store
         if store is not None:
             await store.ensure_schema(_SCHEMA)
+            async with store.transaction() as db:
+                await db.execute("DELETE FROM reply_streams WHERE updated_at < ?",
+                                 (time.time() - KEEP_SECONDS,))
             for key, message_id in await store.fetchall(
                     "SELECT key, message_id FROM reply_streams"):
                 self._ids[str(key)] = str(message_id)
