@@ -46,8 +46,8 @@ class StreamingConfig(Section):
         return self
 
 
-def _live(interval: float, *, enabled: bool = False) -> Any:
-    return Field(default_factory=lambda: StreamingConfig(enabled=enabled, interval=interval))
+def _live(interval: float, min_chars: int = 20) -> Any:
+    return Field(default_factory=lambda: StreamingConfig(interval=interval, min_chars=min_chars))
 # --- end live replies ----------------------------------------------------------------------------
 
 
@@ -58,7 +58,7 @@ class LocalChannelConfig(Section):
     token: OptionalStr = None
     max_text_chars: int = Field(100_000, gt=0)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
-    streaming: StreamingConfig = _live(0.0)
+    streaming: StreamingConfig = _live(0.0, 0)
 
 
 class TerminalChannelConfig(Section):
@@ -198,7 +198,7 @@ class WebchatChannelConfig(Section):
     """Extra page origins (``https://chat.example.com``) allowed to open the WebSocket."""
     history_limit: int = Field(200, gt=0, le=5000)
     """Most messages one history request returns (the page pages on for more)."""
-    streaming: StreamingConfig = _live(0.05)
+    streaming: StreamingConfig = _live(0.05, 0)
 
     @field_validator("allowed_origins")
     @classmethod
