@@ -81,3 +81,39 @@ async def test_kill_9_mid_stream_leaves_one_complete_answer(tmp_path: Path,
         assert tg.sent_to(GROUP_ID) == [half]  # the same message, finished; no second copy
         assert tg.deleted == []
         assert llm.calls == 2
+
+
+@pytest.mark.timeout(90)
+async def test_kill_9_before_the_final_edit_delivers_the_stored_reply_into_it(
+        tmp_path: Path, llm: ScriptedLLM) -> None:
+    async with FakeTelegram() as tg:
+        config = _config(tmp_path, llm, tg)
+        data = yaml.safe_load(config.read_text())
+        data["channels"]["telegram"]["streaming"]["min_chars"] = 10_000  # no interim edit
+        config.write_text(yaml.safe_dump(data))
+        rest = Gate()
+        llm.reply(ANSWER, pieces=[ANSWER[:20], ANSWER[20:]], pauses={2: rest})
+        group = tg.group(GROUP_ID, "Trip")
+        proc, _ = await _start_gateway(config)
+        drain = asyncio.create_task(_drain_stderr(proc))
+        tg.message(group, tg.user(ADA_ID, "Ada"), "@parley_bot plan the trip")
+        [half] = await tg.wait_sent(GROUP_ID, timeout=30)
+        tg.fail_next("editMessageText", 500, times=1000)  # the final edit keeps failing
+        rest.release()
+        await tg.wait_for(lambda: any(m == "editMessageText" for m, _ in tg.calls),
+                          timeout=30)  # the reply is stored: its delivery has begun
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await drain
+        tg._failures.clear()
+
+        proc2, _ = await _start_gateway(config)
+        drain2 = asyncio.create_task(_drain_stderr(proc2))
+        try:
+            await tg.wait_for(lambda: half.text == ANSWER, timeout=30)
+        finally:
+            proc2.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc2.wait(), 20)
+            await drain2
+        assert tg.sent_to(GROUP_ID) == [half]
+        assert llm.calls == 1  # the stored reply, not a second turn
