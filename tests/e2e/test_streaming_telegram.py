@@ -55,7 +55,7 @@ async def test_private_chat_streams_drafts_then_one_final(make_config: MakeConfi
     texts = [text for _, _, text in tg.drafts]
     assert len({draft for _, draft, _ in tg.drafts}) == 1  # one animated draft
     whole = ANSWER.replace("**", "").replace("`", "")
-    assert all(whole.startswith(t.rstrip()) for t in texts) and len(texts) == 3
+    assert all(whole.startswith(t.rstrip()) for t in texts) and len(texts) >= 2
     assert final.text == "Here is the plan: first we pack, then we take the 08:15 train, " \
                          "and at noon we eat in Lyon & rest."
     assert final.edits == [] and len(tg.sent_to(ADA_ID)) == 1
