@@ -169,11 +169,11 @@ def checks(r: dict[str, Any]) -> list[Check]:
         _get(r, "exec.host.p50_ms"), "{:.2f} ms", "", None)
     add("8", "exec: the sandbox's cost per command (p50 difference)",
         _get(r, "exec.overhead_p50_ms"), "{:.2f} ms", "", None)
-    add("9", "live reply: model's first token → first visible text p50 (local channel)",
+    add("10", "live reply: model's first token → first visible text p50 (local channel)",
         _get(r, "stream.first_text_ms.p50_ms"), "{:.2f} ms", "< 50 ms", lambda v: v < 50)
-    add("9", "live reply: the same, p95", _get(r, "stream.first_text_ms.p95_ms"), "{:.2f} ms",
+    add("10", "live reply: the same, p95", _get(r, "stream.first_text_ms.p95_ms"), "{:.2f} ms",
         "", None)
-    add("9", "live reply: inside the gateway (first text → shown) p50",
+    add("10", "live reply: inside the gateway (first text → shown) p50",
         _get(r, "stream.gateway_first_shown_ms.p50_ms"), "{:.2f} ms", "", None)
     return out
 

@@ -227,7 +227,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 results["exec"] = await exec_cost.measure(root, sizes.exec_commands)
                 section_s["exec"] = time.perf_counter() - t
             if "stream" in only:
-                _say(f"9: live replies, {sizes.stream_replies} × first token → first text")
+                _say(f"10: live replies, {sizes.stream_replies} × first token → first text")
                 t = time.perf_counter()
                 results["stream"] = await stream_latency.measure(root / "stream",
                                                                  sizes.stream_replies)

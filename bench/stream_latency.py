@@ -1,4 +1,4 @@
-"""Item 9: a live reply's latency, from the model's first token to the first visible text.
+"""Item 10: a live reply's latency, from the model's first token to the first visible text.
 
 A gateway with ``channels.local.streaming`` on (no throttle) answers N questions; the scripted
 model writes its first piece and then holds the rest. Measured twice: end to end, from the

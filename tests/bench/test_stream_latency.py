@@ -1,4 +1,4 @@
-"""``make bench`` item 9 still runs: a live reply's first text is measured end to end and
+"""``make bench`` item 10 still runs: a live reply's first text is measured end to end and
 inside the gateway."""
 
 from __future__ import annotations
