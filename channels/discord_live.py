@@ -27,6 +27,7 @@ from channels.discord_convert import (
     redact,
 )
 from channels.discord_outbound import SEND_ERRORS, Outbound
+from channels.live_final import Edited, finish_into
 from channels.sent_parts import SentParts
 from gateway.kernel.events import MessageStage, OutboundMessage
 from gateway.kernel.streams import interim_markdown
@@ -85,31 +86,27 @@ class DiscordLive:
                          error=None if delivery.retry_after is not None else delivery.error)
 
     async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
-        """The final's first part edited into the shown message (once: recorded as sent
-        part 0), the rest sent after it by ``Outbound.send``."""
+        """The final's first part edited into the shown message (``finish_into``)."""
         where = self._where(msg)
         if where is None:
             return Delivery(ok=False, error="not logged in to Discord yet", retry_after=5.0)
-        key = msg.idempotency_key
         parts = plan_parts(msg.text, msg.media)
-        if not await self._sent.sent(key) and parts and isinstance(parts[0], TextPart):
+        first = parts[0] if parts else None
+
+        async def edit() -> Edited:
+            assert isinstance(first, TextPart)
             try:
-                await where.get_partial_message(int(message_id)).edit(
-                    content=parts[0].content)
+                await where.get_partial_message(int(message_id)).edit(content=first.content)
             except SEND_ERRORS as exc:
-                if _unknown_message(exc):  # deleted meanwhile: sent whole instead
-                    return await self._outbound.send(msg)
+                if _unknown_message(exc):
+                    return "gone"
                 delivery = map_errors(exc, self._secrets)
-                if not delivery.permanent:
-                    return delivery
-                _log.warning("discord: the final edit was refused (%s); sending the reply "
-                             "as new messages", delivery.error)
-                delivery = await self._outbound.send(msg)  # never none, then never two
-                if delivery.ok:
-                    await self.remove(msg, message_id)
-                return delivery
-            await self._sent.record(key, 0, message_id, msg.chat_id)
-        return await self._outbound.send(msg)
+                return "refused" if delivery.permanent else delivery
+            return "done"
+
+        return await finish_into(msg, message_id, first_is_text=isinstance(first, TextPart),
+                                 sent=self._sent, edit=edit, send=self._outbound.send,
+                                 remove=self.remove)
 
     async def reaction(self, event: MessageStage, emoji: str, previous: str | None) -> None:
         client = self._client()

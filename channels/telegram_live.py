@@ -23,6 +23,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
 from channels.base import Shown
+from channels.live_final import Edited, finish_into
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     TextPart,
@@ -136,32 +137,26 @@ class TelegramLive:
                                           message_id=int(message_id))
 
     async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
-        """The final's first part edited into the shown message (once: recorded as sent
-        part 0), the rest sent after it by ``Outbound.send``."""
-        key = msg.idempotency_key
+        """The final's first part edited into the shown message (``finish_into``)."""
         parts = plan_parts(msg.text, msg.media)
-        if not await self._sent.sent(key) and parts and isinstance(parts[0], TextPart):
-            try:
-                await self._edit(msg.chat_id, message_id, parts[0])
-            except TelegramError as exc:
-                if _gone(exc):  # deleted meanwhile: the final is sent whole instead
-                    return await self._outbound.send(msg)
-                if not _not_modified(exc):
-                    delivery = map_errors(exc, self._secrets)
-                    if isinstance(exc, BadRequest):  # an edit refused: send it anew
-                        _log.warning("telegram: the final edit was refused (%s); sending "
-                                     "the reply as new messages", delivery.error)
-                        return await self._instead(msg, message_id)
-                    return delivery
-            await self._sent.record(key, 0, message_id, msg.chat_id)
-        return await self._outbound.send(msg)
+        first = parts[0] if parts else None
 
-    async def _instead(self, msg: OutboundMessage, message_id: str) -> Delivery:
-        """The reply sent whole, then the shown message taken away: never none, never two."""
-        delivery = await self._outbound.send(msg)
-        if delivery.ok:
-            await self.remove(msg, message_id)
-        return delivery
+        async def edit() -> Edited:
+            assert isinstance(first, TextPart)
+            try:
+                await self._edit(msg.chat_id, message_id, first)
+            except TelegramError as exc:
+                if _gone(exc):
+                    return "gone"
+                if _not_modified(exc):
+                    return "done"
+                return "refused" if isinstance(exc, BadRequest) else \
+                    map_errors(exc, self._secrets)
+            return "done"
+
+        return await finish_into(msg, message_id, first_is_text=isinstance(first, TextPart),
+                                 sent=self._sent, edit=edit, send=self._outbound.send,
+                                 remove=self.remove)
 
     async def reaction(self, event: MessageStage, emoji: str, previous: str | None) -> None:
         """``setMessageReaction`` replaces the bot's reaction: ``previous`` goes by itself."""
