@@ -654,6 +654,11 @@
     scrollDown(stick);
   }
 
+  function dropPartials() { // (re)connected: what was missed comes back as whole messages
+    partials.forEach((node) => node.remove());
+    partials.clear();
+  }
+
   function endPartial(stream) {
     const node = stream && partials.get(stream);
     if (!node) return;
@@ -670,6 +675,7 @@
         endPartial(frame.stream);
         break;
       case "ready":
+        dropPartials();
         onReady(ws, frame);
         break;
       case "message":
