@@ -192,3 +192,18 @@ async def test_a_refused_final_edit_leaves_one_answer(make_config: MakeConfig,
         await tg.wait_for(lambda: tg.deleted == [half])
     [final] = tg.sent_to(GROUP_ID)
     assert final.text.endswith("rest.") and final is not half
+
+
+async def test_tool_steps_show_as_one_status_line_then_the_answer(make_config: MakeConfig,
+                                                                  tg: FakeTelegram,
+                                                                  llm: ScriptedLLM) -> None:
+    answer = Gate()
+    llm.tool_call("list_dir", {"path": "."}).reply("Nothing there.", gate=answer)
+    group = tg.group(GROUP_ID, "Trip")
+    async with Gateway(streaming(make_config, tg, status=True), grace=2.0):
+        tg.message(group, tg.user(ADA_ID, "Ada"), "@parley_bot what is in the folder?")
+        [status] = await tg.wait_sent(GROUP_ID)
+        assert status.text == "running list_dir…" and status.raw.startswith("<i>")
+        answer.release()
+        await tg.wait_for(lambda: status.text == "Nothing there.")
+    assert tg.sent_to(GROUP_ID) == [status]  # the status line became the answer
