@@ -37,7 +37,7 @@ from agent.runner import Runner
 from agent.sessions import SessionRecorder
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnServices
-from agent.turn_flow import TurnFlow, TurnStats
+from agent.turn_flow import TurnFlow, TurnStats, stage
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
@@ -92,7 +92,8 @@ class AgentLoop:
             stats=self.stats, services=self._with_search(services),
             ledger=self.ledger, limits=self.limits, models=self.models, media=self.media)
         self._tasks = TaskSet()
-        self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
+        self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle,
+                           on_queued=lambda msg: stage(bus, [msg], "queued"))
         self._dispatcher: asyncio.Task[None] | None = None
         workspace = config.workspace_path / "skills"
         skills = config.agent.skills

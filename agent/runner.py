@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.deltas import ThinkFilter
 from agent.provider import LLMResponse, Provider, ToolCall
 from agent.tools.base import ToolRegistry, ToolResult
 from agent.turn import TurnContext
@@ -126,6 +127,44 @@ class RunHooks:
         """User messages that arrived meanwhile, handed to the model after a tool round."""
         return []
 
+    wants_text = False
+    """Set to have the model's answer streamed into ``on_text`` as it is written."""
+
+    def on_text(self, visible: str) -> None:
+        """More of the answer's text (reasoning left out), as the model writes it."""
+
+    def on_text_reset(self) -> None:
+        """Take back the text shown so far: a retry writes it again, or the model's
+        message turned out to be tool calls rather than the answer."""
+
+
+class _AnswerText:
+    """The ``TextDeltas`` of one run: raw pieces through a ``ThinkFilter`` to the hooks."""
+
+    __slots__ = ("_filter", "_hooks", "_shown")
+
+    def __init__(self, hooks: RunHooks) -> None:
+        self._hooks = hooks
+        self._filter = ThinkFilter()
+        self._shown = False
+
+    def text(self, piece: str) -> None:
+        restart, visible = self._filter.feed(piece)
+        if restart:
+            self.reset()
+        if visible:
+            self._shown = True
+            self._hooks.on_text(visible)
+
+    def restart(self) -> None:
+        self._filter = ThinkFilter()
+        self.reset()
+
+    def reset(self) -> None:
+        if self._shown:
+            self._shown = False
+            self._hooks.on_text_reset()
+
 
 class Transcript(RunHooks):
     """Hooks that keep what the run did so far: when a run is cancelled, times out or fails,
@@ -166,6 +205,7 @@ class Runner:
 
         seen: Counter[str] = Counter()
         counted = len(convo)
+        deltas = _AnswerText(hooks) if hooks.wants_text else None
         for _ in range(self.max_iterations):
             tools = self.registry.schemas(ctx.access.tools, ctx.notes.loaded) or None
             if budget is not None:
@@ -174,7 +214,8 @@ class Runner:
                 if budget.used > budget.limit:
                     result.shortened += shorten_old_tool_results(convo, budget)
             hooks.on_request(convo, tools)
-            response = await self.provider.complete(convo, tools, alias=ctx.model)
+            response = await self.provider.complete(convo, tools, alias=ctx.model,
+                                                    deltas=deltas)
             result.responses.append(response)
             hooks.on_response(response)
             add(response.assistant_message())
@@ -184,6 +225,8 @@ class Runner:
                     result.text = "(The model returned an empty answer.)"
                     result.stop_reason = "empty"
                 return result
+            if deltas is not None:
+                deltas.restart()  # text written beside tool calls is not the answer
             await hooks.progress(f"running {', '.join(c.name for c in response.tool_calls)}")
             outputs = await asyncio.gather(
                 *(self._run_one(call, ctx, seen) for call in response.tool_calls))

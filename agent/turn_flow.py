@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from agent.assembly import ContextAssembly
@@ -37,12 +36,21 @@ from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
 from agent.snapshots import RecordingTranscript
 from agent.turn import TurnContext, TurnServices
+from agent.turn_ends import TurnEnds
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
+from gateway.kernel.events import (
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    Stage,
+    new_id,
+    utcnow,
+)
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
+from gateway.kernel.streams import Outcome, ReplyStream, stream_key
 
 _log = logging.getLogger(__name__)
 
@@ -54,7 +62,6 @@ prompt (tokenizers differ by ±20 %, not by 40 %)."""
 PROMPT_CUT_EVERY = 600.0
 CONTEXT_BUILD_ERROR = "context_build_error"
 CONTEXT_ERROR_CHARS = 200
-LAST_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -80,6 +87,8 @@ class _Turn:
     ctx: TurnContext
     compaction: Compaction | None
     state: TurnState
+    stream: ReplyStream | None = None
+    """The reply shown while it is written (None: the chat's channel shows nothing live)."""
     built: BuiltContext = field(init=False)
     record: TurnRecord = field(init=False)
     hooks: _Hooks = field(init=False)
@@ -104,8 +113,22 @@ class _Hooks(RecordingTranscript):
         self.flow = flow
         self.turn = turn
 
+    @property
+    def wants_text(self) -> bool:  # type: ignore[override]
+        return self.turn.stream is not None
+
+    def on_text(self, visible: str) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.append(visible)
+
+    def on_text_reset(self) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.reset()
+
     async def progress(self, text: str) -> None:
         msg = self.turn.msg
+        if self.turn.stream is not None:
+            self.turn.stream.set_status(text)
         if not nowhere(msg):
             await self.flow.bus.publish_outbound(
                 outbound(msg, text, "progress", self.turn.ctx.turn_id, key=new_id()))
@@ -125,6 +148,21 @@ class _Hooks(RecordingTranscript):
 def search_tags(msg: InboundMessage) -> tuple[str, str]:
     """(chat, person) a turn's messages are indexed under for ``session_search``."""
     return f"{msg.channel}:{msg.chat_id}", f"{msg.channel}:{msg.sender_id}"
+
+
+def stage(bus: MessageBus, sources: list[InboundMessage], name: Stage) -> None:
+    """Where people's messages are (acknowledgement reactions); the gateway's own turns and
+    kept chatter have none."""
+    for msg in sources:
+        if msg.kind in ("user", "command") and not msg.context_only:
+            bus.stage(MessageStage(channel=msg.channel, chat_id=msg.chat_id,
+                                   message_id=msg.message_id, stage=name,
+                                   thread_id=msg.thread_id))
+
+
+def _streamed(turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
+    """``reply`` marked as the final of the turn's stream, if it had one."""
+    return reply if turn.stream is None else replace(reply, stream=turn.stream.key)
 
 
 def _deliverable(turn: _Turn, text: str) -> bool:
@@ -158,8 +196,7 @@ class TurnFlow:
         self.media = media
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self._prompt_cut_said = -PROMPT_CUT_EVERY
-        self._last: dict[int, tuple[str, str | None]] = {}
-        """Session → how its last turn ended (status, error), for the runtime block."""
+        self.ends = TurnEnds(recorder, store)
 
     async def run(self, work: Work, lane: Lane | None) -> None:
         """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
@@ -169,28 +206,41 @@ class TurnFlow:
         if limits is not None and limits.enabled and (verdict := await limits.check(work.msg)):
             await self._refuse(work, verdict)
             return
+        stage(self.bus, work.sources, "taken")  # before the model is asked
         turn = await self._prepare(work, lane)
         if self.media is not None and self.media.wanted(work.msg):
             await self._understand(turn)
+        outcome: Outcome = "none"
+        failed = False
         try:
-            await self._build_context(turn)
-        except (asyncio.CancelledError, ProviderError, CompactionFailed):
-            raise
-        except Exception as exc:
-            await self._context_failed(turn, exc)
-            return
-        try:
-            result = await self._run_tools(turn)
-        except (ProviderError, CompactionFailed) as exc:
-            await self._record_failure(turn, exc)
-            return
-        except asyncio.CancelledError:
-            if turn.stopped:  # /stop: keep what was done
-                await asyncio.shield(self._finish(turn.record, turn.hooks.so_far,
-                                                  status="stopped"))
-            raise  # shutdown: nothing stored, the message is answered after the next start
-        self._warn_if_prompt_cut(turn.built, result)
-        await self._record_and_deliver(turn, result)
+            try:
+                await self._build_context(turn)
+            except (asyncio.CancelledError, ProviderError, CompactionFailed):
+                raise
+            except Exception as exc:
+                failed = True
+                await self._context_failed(turn, exc)
+                return
+            try:
+                result = await self._run_tools(turn)
+            except (ProviderError, CompactionFailed) as exc:
+                failed = True
+                outcome = await self._record_failure(turn, exc)
+                return
+            except asyncio.CancelledError:
+                if turn.stopped:  # /stop: keep what was done
+                    await asyncio.shield(self.ends.finish(turn.record, turn.hooks.so_far,
+                                                          status="stopped"))
+                else:  # shutdown: nothing stored, answered after the next start
+                    outcome = "shutdown"
+                raise
+            self._warn_if_prompt_cut(turn.built, result)
+            outcome = await self._record_and_deliver(turn, result)
+        finally:
+            if turn.stream is not None:
+                turn.stream.close(outcome)
+            if outcome != "shutdown":
+                stage(self.bus, work.sources, "failed" if failed else "done")
 
     async def keep_as_context(self, work: Work) -> None:
         """A group message not addressed to us: part of the history, no turn, no reply."""
@@ -213,8 +263,13 @@ class TurnFlow:
                           tools=self.config.agent.tools, services=self.services(msg),
                           audience=self.assembly.audience(msg),
                           model=self.models.alias(msg) if self.models is not None else None)
-        return _Turn(work, lane, ctx, await self.store.compaction(session.id),
-                     await self._turn_state(session.id, lane))
+        turn = _Turn(work, lane, ctx, await self.store.compaction(session.id),
+                     await self.ends.state(session.id, lane))
+        if msg.kind == "user" and not nowhere(msg):
+            turn.stream = self.bus.open_stream(replace(
+                outbound(msg, "", "reply", ctx.turn_id),
+                stream=stream_key(msg.channel, msg.chat_id, msg.message_id)))
+        return turn
 
     async def _understand(self, turn: _Turn) -> None:
         """The pre-turn media step (``agent/media``): what was heard, seen and read of the
@@ -259,18 +314,19 @@ class TurnFlow:
         self._try_with(turn, await self._rebuild(turn))
         return await self._run_once(turn)
 
-    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> None:
+    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> Outcome:
         """The turn and its reply stored in one transaction, then the reply sent (unless
         it is not to be: see ``_deliverable``)."""
-        reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, result.text, "reply", turn.ctx.turn_id))
         deliver = _deliverable(turn, result.text)
         if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
             reply = await self._spoken(turn, reply)
-        await self._finish(turn.record, result, status=result.stop_reason,
-                           outbound=self.replies.outbox(reply) if deliver else [])
+        await self.ends.finish(turn.record, result, status=result.stop_reason,
+                               outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+        return "final" if deliver else "none"
 
     async def _spoken(self, turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
         """A voice note answered with a voice note too (``agent.media.speech``)."""
@@ -281,18 +337,20 @@ class TurnFlow:
                                            calls)
         return replace(reply, media=(voice,)) if voice is not None else reply
 
-    async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
+    async def _record_failure(self, turn: _Turn,
+                              exc: ProviderError | CompactionFailed) -> Outcome:
         """What was done is stored, and the chat hears what went wrong in one line."""
         _log.warning("turn %s: %s: %s", turn.ctx.turn_id, type(exc).__name__, exc)
         self.stats.error(f"{type(exc).__name__}: {exc}")
         text = exc.user_message if isinstance(exc, ProviderError) else \
             ProviderContextTooLarge(str(exc)).user_message
-        reply = outbound(turn.msg, text, "error", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, text, "error", turn.ctx.turn_id))
         quiet = nowhere(turn.msg)
-        await self._finish(turn.record, turn.hooks.so_far, status="error", error=str(exc),
-                           outbound=[] if quiet else self.replies.outbox(reply))
+        await self.ends.finish(turn.record, turn.hooks.so_far, status="error", error=str(exc),
+                               outbound=[] if quiet else self.replies.outbox(reply))
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
+        return "none" if quiet else "final"
 
     async def _context_failed(self, turn: _Turn, exc: Exception) -> None:
         """The context could not be built (a workspace file that cannot be read, a window
@@ -312,32 +370,10 @@ class TurnFlow:
             user_tokens=self.assembly.counter.count_message(stored), sources=turn.work.sources,
             index=search_tags(turn.msg))
         quiet = nowhere(turn.msg)
-        await self._finish(record, None, status=CONTEXT_BUILD_ERROR, error=error,
-                           outbound=[] if quiet else self.replies.outbox(reply))
+        await self.ends.finish(record, None, status=CONTEXT_BUILD_ERROR, error=error,
+                               outbound=[] if quiet else self.replies.outbox(reply))
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
-
-    async def _finish(self, record: TurnRecord, result: RunResult | None, *, status: str,
-                      error: str | None = None,
-                      outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
-        """The turn's one write; its end is what the next turn's runtime block says."""
-        await self.recorder.finish(record, result, status=status, error=error,
-                                   outbound=outbound)
-        if len(self._last) >= LAST_KEPT:
-            self._last.pop(next(iter(self._last)))
-        self._last[record.session_id] = (status, error)
-
-    async def _turn_state(self, session_id: int, lane: Lane | None) -> TurnState:
-        """The messages queued behind this turn and how the session's last turn ended
-        (from memory; from the database once per session after a start)."""
-        last = self._last.get(session_id)
-        if last is None:
-            last = await self.store.last_turn(session_id) or ("none", None)
-            self._last[session_id] = last
-        pending = sum(len(w.sources) for w in lane.waiting) if lane is not None else 0
-        status, error = last
-        return TurnState(pending=pending, last_status=None if status == "none" else status,
-                         last_error=error)
 
     async def _refuse(self, work: Work, verdict: Verdict) -> None:
         """Over a limit: one notice per limit and period, then silence; the messages are

@@ -176,6 +176,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
             "{:.2f} ms", "", None)
     add("9", "media: one inbox sweep over 2,000 files, p50",
         _get(r, "media.inbox_sweep_2000_files.p50_ms"), "{:.2f} ms", "", None)
+    add("10", "live reply: model's first token → first visible text p50 (local channel)",
+        _get(r, "stream.first_text_ms.p50_ms"), "{:.2f} ms", "< 50 ms", lambda v: v < 50)
+    add("10", "live reply: the same, p95", _get(r, "stream.first_text_ms.p95_ms"), "{:.2f} ms",
+        "", None)
+    add("10", "live reply: inside the gateway (first text → shown) p50",
+        _get(r, "stream.gateway_first_shown_ms.p50_ms"), "{:.2f} ms", "", None)
     return out
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from channels.base import ChannelBase, ChannelDeps, ChannelStatus
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus, LiveReplies, Shown
 from channels.http_api import ApiError, json_errors, listen
 from channels.local_requests import (
     CHANNEL_NAME,
@@ -131,6 +131,25 @@ class LocalChannel(ChannelBase):
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         _log.info("local channel listening on %s", self.base_url)
 
+    # --- live replies: ``partial`` records (``channels.local.streaming``) ---------------------
+
+    @property
+    def live(self) -> LiveReplies | None:  # type: ignore[override]
+        return self
+
+    async def show(self, target: OutboundMessage, text: str,
+                   message_id: str | None) -> Shown:
+        """The answer so far as a ``partial`` record (the whole text each time); the
+        final ``reply`` record carries the same ``stream`` key and ``"final": true``."""
+        self._append(target, text, "partial", {"stream": target.stream, "final": False})
+        return Shown()
+
+    async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
+        return await self.send(msg)
+
+    async def remove(self, target: OutboundMessage, message_id: str) -> None:
+        return None
+
     async def stop(self) -> None:
         """Wake every long poll first, so the server's shutdown does not wait for them."""
         self._closing = True
@@ -150,13 +169,24 @@ class LocalChannel(ChannelBase):
         known = self._deliveries.get(msg.idempotency_key)
         if known is not None:
             return known
+        extra = {"stream": msg.stream, "final": True} if msg.stream is not None else {}
+        seq = self._append(msg, msg.text, msg.kind, extra)
+        delivery = Delivery(ok=True, message_ids=(str(seq),))
+        self._deliveries[msg.idempotency_key] = delivery
+        while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
+            self._deliveries.popitem(last=False)
+        return delivery
+
+    def _append(self, msg: OutboundMessage, text: str, kind: str,
+                extra: dict[str, Any]) -> int:
+        """A record for ``msg``'s chat, woken pollers; its ``seq``."""
         self._seq += 1
         created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": msg.text,
-                  "kind": msg.kind, "reply_to": msg.reply_to,
+        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": text,
+                  "kind": kind, "reply_to": msg.reply_to,
                   "media": [m.to_dict() for m in msg.media],
                   "created_at": created.astimezone(UTC).isoformat(),
-                  "thread_id": msg.thread_id, "turn_id": msg.turn_id}
+                  "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
         records = self._records.get(msg.chat_id)
         if records is None:
             records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
@@ -165,13 +195,9 @@ class LocalChannel(ChannelBase):
         self._stored += 1 - (len(records) == records.maxlen)
         records.append(record)
         self._prune()
-        delivery = Delivery(ok=True, message_ids=(str(self._seq),))
-        self._deliveries[msg.idempotency_key] = delivery
-        while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
-            self._deliveries.popitem(last=False)
         for event in self._waiters.get(msg.chat_id, ()):
             event.set()
-        return delivery
+        return self._seq
 
     def _prune(self) -> None:
         """Drop the least recently active chats' oldest records past the limits."""

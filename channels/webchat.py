@@ -30,16 +30,18 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from channels.base import ChannelDeps, ChannelStatus
+from channels.base import ChannelDeps, ChannelStatus, LiveReplies, Shown
 from channels.http_api import ApiError, json_errors, listen
 from channels.webchat_frames import (
     AUDIO_TYPES,
     IMAGE_TYPES,
+    PARTIAL,
     FrameError,
     check_chat_id,
     host_allowed,
     is_loopback,
     max_frame_bytes,
+    partial_frame,
     query_uint,
 )
 from channels.webchat_sockets import (
@@ -210,8 +212,30 @@ class WebchatChannel(ChatSockets):
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
             self.last_outbound_at = now_iso()
-            self._broadcast(msg.chat_id, {"type": "message", "message": entry.to_json()})
+            frame = {"type": "message", "message": entry.to_json()}
+            if msg.stream is not None:  # it replaces the partial the page shows
+                frame["stream"] = msg.stream
+            self._broadcast(msg.chat_id, frame)
         return Delivery(ok=True, message_ids=(str(entry.seq),))
+
+    # --- live replies (``channels.webchat.streaming``) ----------------------------------------
+
+    @property
+    def live(self) -> LiveReplies:
+        return self
+
+    async def show(self, target: OutboundMessage, text: str,
+                   message_id: str | None) -> Shown:
+        """The answer so far to the open pages (``partial``: the whole text each time); the
+        final ``message`` frame names the same ``stream`` and replaces it."""
+        self._broadcast(target.chat_id, partial_frame(target.stream or "", text))
+        return Shown(message_id=PARTIAL)
+
+    async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
+        return await self.send(msg)
+
+    async def remove(self, target: OutboundMessage, message_id: str) -> None:
+        self._broadcast(target.chat_id, {"type": "partial_end", "stream": target.stream})
 
     def activity(self, event: ChatActivity) -> None:
         """A turn started or ended: the page shows "working…" (and progress lines) meanwhile."""

@@ -6,6 +6,10 @@ when a token is configured and no ``Authorization`` header came), ``message`` ``
 "mime"}}`` (a recording from the page's microphone; never with an image) and ``ping``. A refused
 frame gets ``{"type": "error", "error": "<field>: <why>", "message_id", "retry"}``, naming the
 field at fault, so the page can show the reason next to the message it concerns.
+
+Live replies (``channels.webchat.streaming``): ``{"type": "partial", "stream", "text"}`` is
+the answer so far (the whole text each time), ``{"type": "partial_end", "stream"}`` takes it
+away (no answer follows), and the final ``message`` frame carries the same ``stream``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ AUDIO_TYPES = {"audio/webm": ".webm", "audio/ogg": ".ogg", "audio/mp4": ".m4a",
 UPLOAD_TYPES = {**IMAGE_TYPES, **AUDIO_TYPES}
 _MESSAGE_FIELDS = frozenset({"type", "chat_id", "message_id", "text", "image", "audio"})
 _IMAGE_FIELDS = frozenset({"data_base64", "mime", "name"})
+
+
+PARTIAL = "partial"
+"""What a page shows a reply in while it is written: no message of the log yet."""
+
+
+def partial_frame(stream: str, text: str) -> dict[str, Any]:
+    return {"type": "partial", "stream": stream, "text": text}
 
 
 class FrameError(Exception):

@@ -14,6 +14,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from agent.loop import AgentLoop
@@ -35,6 +36,7 @@ from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
 from gateway.kernel.secrets import register_secrets
 from gateway.kernel.store import Store
+from gateway.streaming import channel_streaming
 from workspace.bootstrap import seed_workspace
 
 if TYPE_CHECKING:
@@ -72,6 +74,8 @@ class Gateway:
         self._warm_up: asyncio.Task[None] | None = None
         self._dead_before = 0
         self.clock: Clock = clock or SystemClock()
+        self.manager.streams.clock = self.clock  # live replies: throttled on this clock
+        self.manager.streams.settings = partial(channel_streaming, config)
         self.monotonic = monotonic
         self.cron: CronScheduler | None = None
         self.heartbeat: Heartbeat | None = None

@@ -644,12 +644,49 @@
     for (const queued of state.outbox) transmit(queued);
   }
 
+  // Live replies (channels.webchat.streaming): a reply shown while it is written, one node
+  // per stream, re-rendered from the whole text so far; the final message replaces it.
+  const partials = new Map();
+
+  function showPartial(frame) {
+    let node = partials.get(frame.stream);
+    if (!node) {
+      node = messageNode({ role: "assistant", kind: "partial", text: "", created_at: null });
+      node.setAttribute("aria-busy", "true");
+      partials.set(frame.stream, node);
+      place(node, null);
+    }
+    const stick = nearBottom();
+    node.querySelector(".body").replaceChildren(render(frame.text));
+    scrollDown(stick);
+  }
+
+  function dropPartials() { // (re)connected: what was missed comes back as whole messages
+    partials.forEach((node) => node.remove());
+    partials.clear();
+  }
+
+  function endPartial(stream) {
+    const node = stream && partials.get(stream);
+    if (!node) return;
+    node.remove();
+    partials.delete(stream);
+  }
+
   function onFrame(ws, frame) {
     switch (frame.type) {
+      case "partial":
+        showPartial(frame);
+        break;
+      case "partial_end":
+        endPartial(frame.stream);
+        break;
       case "ready":
+        dropPartials();
         onReady(ws, frame);
         break;
       case "message":
+        endPartial(frame.stream);
         show(frame.message);
         break;
       case "ack":

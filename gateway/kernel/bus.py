@@ -13,14 +13,33 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+from gateway.kernel.events import (
+    ChatActivity,
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    utcnow,
+)
+from gateway.kernel.streams import ReplyStream
 
 if TYPE_CHECKING:
     from gateway.kernel.store import Store
 
 _log = logging.getLogger(__name__)
+
+
+E = TypeVar("E")
+
+
+def _tell(listeners: list[Callable[[E], None]], event: E, what: str) -> None:
+    """Each listener hears ``event``; one that raises is logged and the others still hear."""
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:
+            _log.exception("%s listener failed", what)
 
 
 class BusClosed(Exception):
@@ -33,6 +52,8 @@ class MessageBus:
         self._outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(maxsize)
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
+        self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
+        self._stages: list[Callable[[MessageStage], None]] = []
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
         self.last_inbound: dict[str, datetime] = {}
@@ -51,11 +72,24 @@ class MessageBus:
 
     def activity(self, event: ChatActivity) -> None:
         """Tell listeners (the channels' typing indicators) a chat's turn started or ended."""
-        for listener in self._activity:
-            try:
-                listener(event)
-            except Exception:
-                _log.exception("activity listener failed")
+        _tell(self._activity, event, "activity")
+
+    def on_stage(self, listener: Callable[[MessageStage], None]) -> None:
+        self._stages.append(listener)
+
+    def stage(self, event: MessageStage) -> None:
+        """Tell listeners (the channels' reactions) where a person's message is."""
+        _tell(self._stages, event, "stage")
+
+    def on_stream(self, opener: Callable[[OutboundMessage], ReplyStream | None]) -> None:
+        """Who shows replies while they are written (the root's ``StreamDesk``)."""
+        self._stream_opener = opener
+
+    def open_stream(self, target: OutboundMessage) -> ReplyStream | None:
+        """A live view of the reply to ``target`` (its chat and ``stream`` key), or None
+        when its channel shows nothing live: the turn then streams nothing at all."""
+        opener = self._stream_opener
+        return opener(target) if opener is not None else None
 
     @property
     def closed(self) -> bool:

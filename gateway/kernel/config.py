@@ -41,6 +41,7 @@ from gateway.kernel.config_channels import (
     DeliveryConfig,
     DiscordChannelConfig,
     LocalChannelConfig,
+    StreamingConfig,
     TelegramChannelConfig,
     TerminalChannelConfig,
     WebchatChannelConfig,
@@ -57,6 +58,7 @@ from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
 
 __all__ = [
+    "StreamingConfig",
     "DEFAULT_CONFIG_PATH", "SECRETS_FILE", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
     "CompactionConfig", "Config", "ConfigError", "ContextConfig", "CronConfig",
     "CronToolConfig", "DeliveryConfig", "DiscordChannelConfig", "Duration", "ExecSandboxConfig",

@@ -21,6 +21,36 @@ def _require_token(value: SecretStr | None, info: ValidationInfo, how: str) -> S
     return value
 
 
+# --- live replies (issue 17) -------------------------------------------------------------------
+class StreamingConfig(Section):
+    """``channels.<name>.streaming``: the answer shown while the model writes it
+    (``gateway/streaming.py``). Off: the reply arrives whole, as before."""
+
+    enabled: bool = False
+    interval: Duration = 1.0
+    """Seconds between two updates of the shown text at least (Telegram and Discord allow
+    about one edit a second per chat)."""
+    min_chars: int = Field(20, ge=0)
+    """Characters the text must grow by before it is shown again."""
+    status: bool = False
+    """While tools run and no answer text is shown, show one status line
+    (``running web_fetch``) in its place; the answer replaces it."""
+    reactions: bool = False
+    """React to the user's message: 👀 when taken, ⏳ while queued behind a busy turn, ✅ or
+    ❌ at the end (Telegram and Discord)."""
+
+    @model_validator(mode="after")
+    def _positive(self) -> StreamingConfig:
+        if self.interval < 0:
+            raise ValueError("interval must be 0 or more seconds")
+        return self
+
+
+def _live(interval: float, min_chars: int = 20) -> Any:
+    return Field(default_factory=lambda: StreamingConfig(interval=interval, min_chars=min_chars))
+# --- end live replies ----------------------------------------------------------------------------
+
+
 class LocalChannelConfig(Section):
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -28,6 +58,7 @@ class LocalChannelConfig(Section):
     token: OptionalStr = None
     max_text_chars: int = Field(100_000, gt=0)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
+    streaming: StreamingConfig = _live(0.0, 0)
 
 
 class TerminalChannelConfig(Section):
@@ -60,6 +91,7 @@ class TelegramChannelConfig(Section):
     poll_timeout: Duration = 30.0
     watchdog: Duration = 90.0
     typing_interval: Duration = 5.0
+    streaming: StreamingConfig = _live(1.0)
 
     @field_validator("token")
     @classmethod
@@ -118,6 +150,7 @@ class DiscordChannelConfig(Section):
     typing_interval: Duration = 8.0
     watchdog: Duration = 90.0
     connect_timeout: Duration = 30.0
+    streaming: StreamingConfig = _live(1.0)
 
     @field_validator("token")
     @classmethod
@@ -167,6 +200,7 @@ class WebchatChannelConfig(Section):
     """Extra page origins (``https://chat.example.com``) allowed to open the WebSocket."""
     history_limit: int = Field(200, gt=0, le=5000)
     """Most messages one history request returns (the page pages on for more)."""
+    streaming: StreamingConfig = _live(0.05, 0)
 
     @field_validator("allowed_origins")
     @classmethod
