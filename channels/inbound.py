@@ -6,7 +6,8 @@ Group messages the bot does not answer wait in memory (at most ``group_history``
 thread) and go to the bus as context-only messages right before the next message it answers
 there, so the agent sees what was said when it is addressed. Attachments are saved under
 ``media_dir``: one over ``max_media_bytes`` gets a polite refusal in the chat and a note for the
-agent instead. Storing a message on the bus is tried a few times before it is given up.
+agent instead. Storing a message on the bus is tried a few times; one that could not be stored
+is not acknowledged to the platform (the transport leaves it for a later try), never dropped.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ class Inbound:
         """Convert, prepare and store one platform message (``what`` names it in the log).
 
         A message that cannot be converted or prepared (our bug, or something we cannot read)
-        is logged and skipped, so a transport never loops on it. False when the bus is closed:
-        the gateway is stopping, and the transport should not confirm the message as handled.
+        is logged and skipped, so a transport never loops on it. False when the bus is closed
+        (the gateway is stopping) or the message could not be stored: the transport must not
+        confirm it as handled, so the platform keeps it for a later try.
         """
         try:
             inc = await convert
@@ -137,7 +139,8 @@ class Inbound:
         return self._context.with_context(msg)
 
     async def _publish(self, msg: InboundMessage) -> bool:
-        """Store the message (a few tries, then it is given up); False when the bus is closed."""
+        """Store the message (a few tries); False when the bus is closed or it could not be
+        stored — never acknowledged then, so the platform offers it again."""
         backoff = self._retry.counter()
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
@@ -149,14 +152,15 @@ class Inbound:
                 raise
             except Exception as exc:
                 if attempt == PUBLISH_ATTEMPTS:
-                    _log.error("%s: message %s dropped after %d failed attempts to store it: "
-                               "%s", self.platform, msg.message_id, attempt, exc)
+                    _log.error("%s: message %s not stored after %d attempts (%s); not "
+                               "acknowledged, so %s offers it again", self.platform,
+                               msg.message_id, attempt, exc, self._wording.title)
                     break
                 delay = backoff.next()
                 _log.warning("%s: message %s not stored (%s); retry in %.1fs", self.platform,
                              msg.message_id, exc, delay)
                 await asyncio.sleep(delay)
-        return True
+        return False
 
     async def _pairing_reply(self, inc: Incoming) -> None:
         sender, wording = inc.sender, self._wording

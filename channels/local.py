@@ -6,7 +6,8 @@ In-process: ``inject``, ``wait_messages``, ``ask``. Over HTTP: ``POST /v1/messag
 once (``"duplicate": true`` in the answer). Every error is JSON ``{"error": "<field>: ..."}``:
 400 for a bad field; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
 over ``max_media_bytes``, ``body`` over what those allow); 401 for a missing or wrong bearer
-token; 503 while the bus is closed. Without a token the server only listens on loopback,
+token; 503 while the bus is closed or the message could not be stored (never a 202 for a
+message a restart would not find). Without a token the server only listens on loopback,
 because ``{"path"}`` media lets a caller hand the agent any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
@@ -49,7 +50,7 @@ from channels.local_requests import (
     store_media,
     validate_post,
 )
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.values import ChannelHints, Delivery
@@ -261,6 +262,10 @@ class LocalChannel(ChannelBase):
             new = await self._bus.publish_inbound(msg)
         except BusClosed:
             raise ApiError("gateway is shutting down", 503) from None
+        except NotStored as exc:  # never 202 for what a restart would not find
+            _log.warning("local channel: refused message %s: %s", msg.message_id, exc)
+            raise ApiError(f"store: {exc}; nothing was taken, send it again later",
+                           503) from None
         body: dict[str, Any] = {"message_id": msg.message_id}
         if not new:
             body["duplicate"] = True  # a retry of a message already taken: not answered twice

@@ -54,6 +54,7 @@ from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.store import Store
+from gateway.kernel.store_db import StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -198,7 +199,7 @@ class WebchatChannel(ChatSockets):
             entry, new = await self._log.add(
                 chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=text,
                 key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreUnavailable) as exc:
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
             self.last_outbound_at = now_iso()

@@ -28,6 +28,8 @@ class LocalChannelConfig(Section):
     token: OptionalStr = None
     max_text_chars: int = Field(100_000, gt=0)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
+    body_timeout: Duration = Field(30.0, gt=0)
+    """A request body not received in full within this is refused (408)."""
 
 
 class TerminalChannelConfig(Section):

@@ -6,6 +6,7 @@ Gateway with the scripted model. Access rules (origin, host, token) are in
 from __future__ import annotations
 
 import base64
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -243,3 +244,17 @@ async def test_reconnect_after_a_gateway_restart_gets_the_history(
             await conn.message("hello", "msg-restart1")  # still unacknowledged on that page
             assert (await conn.until(is_type("ack")))["duplicate"] is True
     assert llm.calls == 1
+
+
+async def test_a_message_the_store_cannot_keep_is_not_acknowledged(
+        page: Page, gw: Gateway, llm: ScriptedLLM) -> None:
+    """The database deleted under a running gateway: an error frame the page retries on, and
+    no ack (the page keeps the message in its outbox) — never an ack for a lost message."""
+    conn = await page.connect()
+    shutil.rmtree(gw.config.data_path)
+    await conn.message("keep me", message_id="msg-lost-0001")
+    error = await conn.error()
+    assert error["error"].startswith("store: the gateway cannot store messages right now")
+    assert error["retry"] is True and error["message_id"] == "msg-lost-0001"
+    assert llm.calls == 0
+    assert gw.health()["status"] == "degraded"
