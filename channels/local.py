@@ -4,11 +4,15 @@ In-process: ``inject``, ``wait_messages``, ``ask``. Over HTTP: ``POST /v1/messag
 ``GET /v1/messages?chat_id=&after=&wait=`` (long poll, ``wait`` capped at 60 s) and
 ``GET /v1/health``. A client may send its own ``message_id`` so that a retried POST is taken
 once (``"duplicate": true`` in the answer). Every error is JSON ``{"error": "<field>: ..."}``:
-400 for a bad field; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
+400 for a bad field (a lone surrogate in any text included); 408 for a body not received
+within ``body_timeout``; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
 over ``max_media_bytes``, ``body`` over what those allow); 401 for a missing or wrong bearer
 token; 503 while the bus is closed or the message could not be stored (never a 202 for a
-message a restart would not find). Without a token the server only listens on loopback,
-because ``{"path"}`` media lets a caller hand the agent any file the gateway can read.
+message a restart would not find). A client that disconnects is a debug line. Replies are
+numbered by ``seq``, kept in the database (``local_log``) when the gateway gives the channel
+its store: monotonic across restarts, and replies not yet read survive them. Without a token
+the server only listens on loopback, because ``{"path"}`` media lets a caller hand the agent
+any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
 its names are re-exported here for the callers that import them from ``channels.local``.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -32,6 +37,7 @@ from aiohttp.typedefs import Middleware
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
+from channels.local_log import ReplyLog
 from channels.local_requests import (
     CHANNEL_NAME,
     MAX_ID_CHARS,
@@ -53,6 +59,7 @@ from channels.local_requests import (
 from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
+from gateway.kernel.store_db import Database, StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -85,8 +92,11 @@ class LocalChannel(ChannelBase):
 
     def __init__(self, config: LocalChannelConfig, bus: MessageBus, *, media_dir: Path,
                  health: Callable[[], dict[str, Any]] | None = None,
-                 serve_http: bool = True) -> None:
+                 serve_http: bool = True, store: Database | None = None) -> None:
+        """``store``: where replies are kept (``local_log``), so ``seq`` goes on across
+        restarts; without it they live in memory only."""
         self.config = config
+        self._replies = ReplyLog(store) if store is not None else None
         self._bus = bus
         self._media_dir = media_dir
         self._health = health or dict
@@ -108,6 +118,11 @@ class LocalChannel(ChannelBase):
         if self._running:
             return
         self._closing = False
+        if self._replies is not None:
+            await self._replies.setup()
+            for record in await self._replies.load(MAX_RECORDS):
+                self._remember(record)
+            self._seq = max(self._seq, await self._replies.last_seq())
         if self._serve_http:
             await self._start_http()
         self._running = True
@@ -149,28 +164,46 @@ class LocalChannel(ChannelBase):
         known = self._deliveries.get(msg.idempotency_key)
         if known is not None:
             return known
-        self._seq += 1
         created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": msg.text,
+        record = {"chat_id": msg.chat_id, "text": msg.text,
                   "kind": msg.kind, "reply_to": msg.reply_to,
                   "media": [m.to_dict() for m in msg.media],
                   "created_at": created.astimezone(UTC).isoformat(),
                   "thread_id": msg.thread_id, "turn_id": msg.turn_id}
-        records = self._records.get(msg.chat_id)
-        if records is None:
-            records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
-        else:
-            self._records.move_to_end(msg.chat_id)
-        self._stored += 1 - (len(records) == records.maxlen)
-        records.append(record)
-        self._prune()
-        delivery = Delivery(ok=True, message_ids=(str(self._seq),))
+        if self._replies is None:
+            self._seq += 1
+            seq, new = self._seq, True
+        else:  # stored first: a reply the log could not keep is not delivered (retried)
+            try:
+                seq, new = await self._replies.add(msg.idempotency_key, record)
+            except (sqlite3.Error, StoreUnavailable) as exc:
+                return Delivery(ok=False, error=f"local reply log: {exc}")
+        if new:
+            self._remember({"seq": seq, **record})
+        delivery = Delivery(ok=True, message_ids=(str(seq),))
         self._deliveries[msg.idempotency_key] = delivery
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
         for event in self._waiters.get(msg.chat_id, ()):
             event.set()
         return delivery
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        """Keep ``record`` in its chat's window, in ``seq`` order."""
+        seq, chat_id = record["seq"], record["chat_id"]
+        self._seq = max(self._seq, seq)
+        records = self._records.get(chat_id)
+        if records is None:
+            records = self._records[chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
+        else:
+            self._records.move_to_end(chat_id)
+        self._stored += 1 - (len(records) == records.maxlen)
+        records.append(record)
+        if len(records) > 1 and records[-2]["seq"] > seq:  # two sends to one chat at once
+            ordered = sorted(records, key=lambda r: r["seq"])
+            records.clear()
+            records.extend(ordered)
+        self._prune()
 
     def _prune(self) -> None:
         """Drop the least recently active chats' oldest records past the limits."""
@@ -246,10 +279,15 @@ class LocalChannel(ChannelBase):
         too_big = ApiError(f"body: larger than {self._max_body} bytes", 413)
         if (request.content_length or 0) > self._max_body:
             raise too_big
+        timeout = self.config.body_timeout
         try:
-            raw = await request.read()
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
+        except TimeoutError:  # a stalled or trickling client holds no connection for long
+            raise ApiError(f"body: not received in full within {timeout:g} s "
+                           "(channels.local.body_timeout)", 408) from None
         limit = self.config.max_media_bytes
         msg, specs = parse_post_body(raw, max_text_chars=self.config.max_text_chars,
                                      max_media_bytes=limit)
@@ -288,4 +326,5 @@ class LocalChannel(ChannelBase):
 def create(deps: ChannelDeps) -> LocalChannel:
     """The gateway's factory for ``channels.local``."""
     return LocalChannel(deps.config.channels.local, deps.bus,
-                        media_dir=deps.data_path / "media" / "local", health=deps.health)
+                        media_dir=deps.data_path / "media" / "local", health=deps.health,
+                        store=deps.store)

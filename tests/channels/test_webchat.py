@@ -181,6 +181,8 @@ BAD_FRAMES: list[tuple[str, str]] = [
      "chat_id: must be the chat this connection was opened for"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": 5}',
      "text: must be a string"),
+    ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", '
+     '"text": "a\\ud800"}', "text: contains a lone surrogate"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": " "}',
      "text: required, unless an image is sent"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'
