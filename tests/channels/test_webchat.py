@@ -6,6 +6,7 @@ Gateway with the scripted model. Access rules (origin, host, token) are in
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -260,3 +261,62 @@ async def test_a_message_the_store_cannot_keep_is_not_acknowledged(
     assert error["retry"] is True and error["message_id"] == "msg-lost-0001"
     assert llm.calls == 0
     assert gw.health()["status"] == "degraded"
+
+
+# --- past conversations (webchat_chats) -------------------------------------------------------
+
+async def test_the_markdown_library_is_served_from_the_package(page: Page) -> None:
+    async with page.http.get(page.base + "/vendor/markdown-it.min.js") as resp:
+        assert resp.status == 200 and resp.content_type == "text/javascript"
+        assert (await resp.text()).startswith("/*! markdown-it 14.3.3")
+    async with page.http.get(page.base + "/") as resp:
+        html = await resp.text()
+    assert html.index('src="/vendor/markdown-it.min.js"') < html.index('src="/app.js"')
+
+
+async def test_conversations_are_listed_per_browser_newest_first(
+        page: Page, llm: ScriptedLLM) -> None:
+    llm.echo()
+    profile, stranger = "profile-0001", "profile-0002"
+
+    async def register(body: Any) -> tuple[int, Any]:
+        async with page.http.post(f"{page.base}/api/conversations", json=body) as resp:
+            return resp.status, await resp.json()
+
+    async def listed(who: str) -> list[tuple[str, str]]:
+        async with page.http.get(f"{page.base}/api/conversations",
+                                 params={"profile": who}) as resp:
+            assert resp.status == 200
+            return [(c["chat_id"], c["title"]) for c in (await resp.json())["conversations"]]
+
+    for chat in (CHAT, OTHER, "empty-chat-0001"):
+        assert await register({"profile": profile, "chat_id": chat}) == (200, {"ok": True})
+    assert await register({"profile": stranger, "chat_id": CHAT}) == (200, {"ok": True})
+    for chat, text in ((CHAT, "first " + "x" * 100), (OTHER, "second")):
+        conn = await page.connect(chat)
+        await conn.send(type="message", chat_id=chat, message_id="msg-00000001", text=text)
+        await conn.reply()
+        await conn.ws.close()
+    assert await listed(profile) == [(OTHER, "second"), (CHAT, "first " + "x" * 74)]
+    assert await listed(stranger) == []  # a chat id belongs to whoever registered it first
+
+
+@pytest.mark.parametrize(("body", "status", "error"), [
+    ({"profile": "short", "chat_id": CHAT}, 400, "profile: required, 8 to 64"),
+    ({"profile": "profile-0001"}, 400, "chat_id: required, 8 to 64"),
+    ({"profile": "profile-0001", "chat_id": CHAT, "title": "x"}, 400, "title: unknown field"),
+    ({"profile": "profile-\ud800", "chat_id": CHAT}, 400, "profile: contains a lone surrogate"),
+    ([], 400, "body: must be a JSON object"),
+])
+async def test_a_bad_conversation_request_names_the_field(
+        page: Page, body: Any, status: int, error: str) -> None:
+    raw = json.dumps(body)  # ensure_ascii: a lone surrogate travels as its escape
+    async with page.http.post(f"{page.base}/api/conversations", data=raw,
+                              headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == status
+        assert (await resp.json())["error"].startswith(error)
+    async with page.http.post(f"{page.base}/api/conversations", data=raw) as resp:
+        assert resp.status == 415  # not JSON: no form posted by another site
+    async with page.http.get(f"{page.base}/api/conversations",
+                             params={"profile": "x"}) as resp:
+        assert resp.status == 400 and (await resp.json())["error"].startswith("profile:")
