@@ -220,6 +220,8 @@ def status(config_path: ConfigOpt = None) -> None:
                   f"{health.get('busy_sessions', 0)} busy session(s), "
                   f"{health.get('queued_messages', 0)} waiting message(s)", highlight=False)
         out.print(f"health:   {health.get('status', 'ok')}", highlight=False)
+        for reason in health.get("reasons") or []:  # why it is degraded, one line each
+            out.print(f"  reason: {reason}", highlight=False, markup=False, soft_wrap=True)
         out.print(f"outbox:   {health.get('outbox_pending', 0)} pending, "
                   f"{health.get('dead_letters', 0)} dead letter(s)", highlight=False)
         table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from agent.provider import warm_up
 from gateway.app import Gateway
+from gateway.kernel.config import load_config
 from tests.conftest import MakeConfig
+from tests.e2e.test_cli import parley, write_config
 from tests.e2e.waiting import until
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -92,3 +97,20 @@ async def test_a_model_failing_its_last_calls_degrades_health_until_it_answers(
         llm.reply("back")
         assert await gw.local.ask("c1", "three") == "back"
         assert (await http_health(gw))["reasons"] == []
+
+
+async def test_parley_status_shows_why_the_gateway_is_degraded(
+        tmp_path: Path, llm: ScriptedLLM) -> None:
+    with socket.socket() as sock:  # the port `parley status` reads health from
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = write_config(tmp_path, llm)
+    data = yaml.safe_load(path.read_text())
+    data["channels"]["local"]["port"] = port
+    path.write_text(yaml.safe_dump(data))
+    config = load_config(path)
+    async with Gateway(config, grace=2.0):
+        shutil.rmtree(config.data_path)
+        _, out, err = await parley("status", "--config", str(path))  # its exit code: the CLI's
+    assert "health:   degraded" in out, err
+    assert f"  reason: storage: database {config.db_path} is gone" in out
