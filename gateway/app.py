@@ -270,9 +270,9 @@ class Gateway:
                 "state": state, "reason": reason,
             }
         agent = self.agent
-        reasons = [*self._problems(), *(f"channel {name}: {c['state']}: {c['reason']}"
-                                        for name, c in channels.items()
-                                        if c["state"] != "connected")]
+        reasons = [*self._problems(), *(
+            f"channel {name}: {c['state']}" + (f": {c['reason']}" if c["reason"] else "")
+            for name, c in channels.items() if c["state"] != "connected")]
         return {
             "status": "degraded" if reasons else "ok",
             "reasons": reasons,
