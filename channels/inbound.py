@@ -88,6 +88,11 @@ class Inbound:
         self._context = GroupContext(rules.group_history, MAX_CONTEXT_CHATS)
         self.last_inbound: datetime | None = None
 
+    @property
+    def closed(self) -> bool:
+        """The bus takes nothing more (the gateway is stopping)."""
+        return self._bus.closed
+
     async def take(self, convert: Awaitable[Incoming | None], what: str) -> bool:
         """Convert, prepare and store one platform message (``what`` names it in the log).
 

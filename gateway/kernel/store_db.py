@@ -18,7 +18,7 @@ import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -287,10 +287,17 @@ class Database:
                 await self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+            except BaseException:
+                with suppress(sqlite3.Error):  # never hide why (a cancel must stay a cancel)
+                    await self._db.execute("ROLLBACK")
+                raise
+            # A cancel while COMMIT runs leaves it running on the database thread: no ROLLBACK
+            # then. A COMMIT that failed (disk full) is rolled back, and said.
+            try:
                 with self._mapped():
                     await self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
+            except (sqlite3.Error, StoreUnavailable):
+                with suppress(sqlite3.Error):
                     await self._db.execute("ROLLBACK")
                 raise
             self.problem = None
