@@ -5,6 +5,7 @@ refuses text no Unicode encoding can carry (a lone surrogate), naming the field.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -42,6 +43,17 @@ def check_unicode(data: Any, where: str = "") -> None:
     elif isinstance(data, list):
         for i, item in enumerate(data):
             check_unicode(item, f"{where}[{i}]")
+
+
+async def read_body(request: web.Request, within: float, key: str) -> bytes:
+    """The request body, or 408 when it has not arrived in full ``within`` seconds (``key``
+    names the setting): a stalled or trickling client holds no connection for long."""
+    try:
+        async with asyncio.timeout(within):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(f"body: not received in full within {within:g} s ({key})",
+                       408) from None
 
 
 def json_error(status: int, message: str,

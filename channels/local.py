@@ -36,7 +36,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
-from channels.http_api import ApiError, json_errors, listen
+from channels.http_api import ApiError, json_errors, listen, read_body
 from channels.local_log import ReplyLog
 from channels.local_requests import (
     CHANNEL_NAME,
@@ -279,15 +279,11 @@ class LocalChannel(ChannelBase):
         too_big = ApiError(f"body: larger than {self._max_body} bytes", 413)
         if (request.content_length or 0) > self._max_body:
             raise too_big
-        timeout = self.config.body_timeout
         try:
-            async with asyncio.timeout(timeout):
-                raw = await request.read()
+            raw = await read_body(request, self.config.body_timeout,
+                                  "channels.local.body_timeout")
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
-        except TimeoutError:  # a stalled or trickling client holds no connection for long
-            raise ApiError(f"body: not received in full within {timeout:g} s "
-                           "(channels.local.body_timeout)", 408) from None
         limit = self.config.max_media_bytes
         msg, specs = parse_post_body(raw, max_text_chars=self.config.max_text_chars,
                                      max_media_bytes=limit)

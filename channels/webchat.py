@@ -109,7 +109,8 @@ class WebchatChannel(ChatSockets):
         self.config = config
         self._bus = bus
         self._log = WebchatLog(store)
-        self._chats = Conversations(store, self._authorized)
+        self._chats = Conversations(store, self._authorized,
+                                    body_timeout=config.body_timeout)
         self._media_dir = media_dir
         self._max_frame = max_frame_bytes(config.max_text_chars, config.max_image_bytes)
         self._token = config.token.encode() if config.token else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from channels.http_api import ApiError, check_unicode
+from channels.http_api import ApiError, check_unicode, read_body
 from channels.webchat_frames import check_chat_id
 from gateway.kernel.store import Store
 
@@ -50,9 +50,11 @@ ORDER BY last DESC LIMIT ?
 class Conversations:
     """The table and the two routes; ``authorized(request)`` is the channel's token check."""
 
-    def __init__(self, store: Store, authorized: Callable[[web.Request], bool]) -> None:
+    def __init__(self, store: Store, authorized: Callable[[web.Request], bool], *,
+                 body_timeout: float) -> None:
         self._store = store
         self._authorized = authorized
+        self._body_timeout = body_timeout
 
     async def ensure_schema(self) -> None:
         await self._store.ensure_schema(SCHEMA)
@@ -85,8 +87,9 @@ class Conversations:
         self._check(request)
         if request.content_type != "application/json":  # no form posts from other sites
             raise ApiError("content-type: must be application/json", 415)
+        raw = await read_body(request, self._body_timeout, "channels.webchat.body_timeout")
         try:
-            data = json.loads(await request.read())
+            data = json.loads(raw)
         except (ValueError, RecursionError):
             raise ApiError("body: not valid JSON") from None
         if not isinstance(data, dict):

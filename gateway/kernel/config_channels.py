@@ -167,6 +167,8 @@ class WebchatChannelConfig(Section):
     """Extra page origins (``https://chat.example.com``) allowed to open the WebSocket."""
     history_limit: int = Field(200, gt=0, le=5000)
     """Most messages one history request returns (the page pages on for more)."""
+    body_timeout: Duration = Field(30.0, gt=0)
+    """A request body not received in full within this is refused (408)."""
 
     @field_validator("allowed_origins")
     @classmethod

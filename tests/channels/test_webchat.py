@@ -5,21 +5,25 @@ Gateway with the scripted model. Access rules (origin, host, token) are in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from gateway.app import Gateway
+from gateway.kernel.store import Store
 from tests.channels.webchat_page import (
     CHAT,
     OTHER,
     PNG,
     Page,
+    bare_channel,
     channel_of,
     is_type,
 )
@@ -320,3 +324,19 @@ async def test_a_bad_conversation_request_names_the_field(
     async with page.http.get(f"{page.base}/api/conversations",
                              params={"profile": "x"}) as resp:
         assert resp.status == 400 and (await resp.json())["error"].startswith("profile:")
+
+
+async def test_a_conversation_body_that_never_arrives_is_408(
+        store: Store, tmp_path: Path) -> None:
+    channel = await bare_channel(store, tmp_path, body_timeout="0.05s")
+    try:
+        assert channel.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", channel.port)
+        writer.write(b"POST /api/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 100\r\n\r\n{\"profile\": ")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+    finally:
+        await channel.stop()
+    assert head.startswith(b"HTTP/1.1 408")
