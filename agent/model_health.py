@@ -2,11 +2,17 @@
 nobody set (found once at start), or the last calls failing one after the other (the server
 unreachable, the key refused, every fallback out of retries).
 
-Counted per ``Provider.complete`` (after its retries and fallbacks), reset by the first call
-that is answered; cheap to read, so health stays free of I/O.
+Counted per ``Provider.complete`` (after its retries and fallbacks; ``@counted``), reset by
+the first call that is answered; cheap to read, so health stays free of I/O.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from agent.errors import ProviderAuthError, ProviderUnavailable
 
 
 class ModelHealth:
@@ -33,3 +39,30 @@ class ModelHealth:
         if self.failures >= self.threshold:
             return f"the last {self.failures} model calls failed (last: {self.last_error})"
         return None
+
+
+class _Counted(Protocol):
+    health: ModelHealth
+
+
+S = TypeVar("S", bound=_Counted)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def counted(call: Callable[Concatenate[S, P], Awaitable[R]]
+            ) -> Callable[Concatenate[S, P], Awaitable[R]]:
+    """``Provider.complete`` counted in its ``health``: a call that failed (unreachable,
+    refused, out of retries and fallbacks) or one that was answered."""
+
+    @functools.wraps(call)
+    async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            result = await call(self, *args, **kwargs)
+        except (ProviderUnavailable, ProviderAuthError) as exc:
+            self.health.failed(str(exc))
+            raise
+        self.health.answered()
+        return result
+
+    return wrapper

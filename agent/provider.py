@@ -1,8 +1,9 @@
 """The one module that talks to litellm (imported lazily: it costs ~2 s and ~160 MB).
 
 ``Provider.complete`` retries 429s, 5xx answers, timeouts and connection errors with jittered
-exponential backoff, then tries ``agent.fallbacks`` in order; ``health`` counts the calls that
-failed in a row. Every call's tokens in and out are returned so the turn can record them."""
+exponential backoff, then tries ``agent.fallbacks`` in order. Every call's tokens in and out
+are returned so the turn can record them.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
-from agent.model_health import ModelHealth
+from agent.model_health import ModelHealth, counted
 from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import AgentConfig
@@ -123,7 +124,7 @@ class Target:
 class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.health = ModelHealth(config.degraded_after_failures)
+        self.health = ModelHealth(config.degraded_after_failures)  # what /v1/health says
         pools: dict[tuple[str, str | None], OpenAIHTTP] = {}  # one per server and key
         self.targets = self._chain(config.model, config.api_base, config.api_key,
                                    config.fallbacks, pools)
@@ -217,21 +218,12 @@ class Provider:
         problems = [p for t in chain if (p := self._key_problem(t))]
         return problems[0] if len(problems) == len(chain) else None
 
+    @counted
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
                        max_tokens: int | None = None, alias: str | None = None) -> LLMResponse:
         """``max_tokens`` overrides ``agent.max_tokens`` for this call (summaries);
         ``alias`` picks a model of ``agent.models.aliases`` and its fallbacks."""
-        try:
-            response = await self._complete(messages, tools, max_tokens, alias)
-        except (ProviderUnavailable, ProviderAuthError) as exc:
-            self.health.failed(str(exc))
-            raise
-        self.health.answered()
-        return response
-
-    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                        max_tokens: int | None, alias: str | None) -> LLMResponse:
         chain = self.chains.get(alias, self.targets)
         problem = self.configuration_problem(alias)
         if problem:
