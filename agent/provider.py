@@ -31,6 +31,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.llm_types import LLMResponse, ToolCall, collect_stream, from_response
+from agent.model_health import ModelHealth, counted
 from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import AgentConfig
@@ -128,6 +129,7 @@ class Target:
 class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.health = ModelHealth(config.degraded_after_failures)  # what /v1/health says
         pools: dict[tuple[str, str | None], OpenAIHTTP] = {}  # one per server and key
         self.targets = self._chain(config.model, config.api_base, config.api_key,
                                    config.fallbacks, pools)
@@ -221,6 +223,7 @@ class Provider:
         problems = [p for t in chain if (p := self._key_problem(t))]
         return problems[0] if len(problems) == len(chain) else None
 
+    @counted
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
                        max_tokens: int | None = None, alias: str | None = None,

@@ -4,10 +4,15 @@ In-process: ``inject``, ``wait_messages``, ``ask``. Over HTTP: ``POST /v1/messag
 ``GET /v1/messages?chat_id=&after=&wait=`` (long poll, ``wait`` capped at 60 s) and
 ``GET /v1/health``. A client may send its own ``message_id`` so that a retried POST is taken
 once (``"duplicate": true`` in the answer). Every error is JSON ``{"error": "<field>: ..."}``:
-400 for a bad field; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
+400 for a bad field (a lone surrogate in any text included); 408 for a body not received
+within ``body_timeout``; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
 over ``max_media_bytes``, ``body`` over what those allow); 401 for a missing or wrong bearer
-token; 503 while the bus is closed. Without a token the server only listens on loopback,
-because ``{"path"}`` media lets a caller hand the agent any file the gateway can read.
+token; 503 while the bus is closed or the message could not be stored (never a 202 for a
+message a restart would not find). A client that disconnects is a debug line. Replies are
+numbered by ``seq``, kept in the database (``local_log``) when the gateway gives the channel
+its store: monotonic across restarts, and replies not yet read survive them. Without a token
+the server only listens on loopback, because ``{"path"}`` media lets a caller hand the agent
+any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
 its names are re-exported here for the callers that import them from ``channels.local``.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -30,7 +36,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus, LiveReplies, Shown
-from channels.http_api import ApiError, json_errors, listen
+from channels.http_api import ApiError, json_errors, listen, read_body
+from channels.local_log import ReplyLog
 from channels.local_requests import (
     CHANNEL_NAME,
     MAX_ID_CHARS,
@@ -49,10 +56,11 @@ from channels.local_requests import (
     store_media,
     validate_post,
 )
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
+from gateway.kernel.store_db import Database, StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -85,8 +93,12 @@ class LocalChannel(ChannelBase):
 
     def __init__(self, config: LocalChannelConfig, bus: MessageBus, *, workspace: Path,
                  health: Callable[[], dict[str, Any]] | None = None,
-                 serve_http: bool = True) -> None:
+                 serve_http: bool = True, store: Database | None = None) -> None:
+        """``store``: where replies are kept (``local_log``), so ``seq`` goes on across
+        restarts; without it they live in memory only."""
         self.config = config
+        self._replies = ReplyLog(store) if store is not None else None
+        self._partials = 0
         self._bus = bus
         self._workspace = workspace
         """Uploaded files go to its ``inbox/local/<chat>/``."""
@@ -109,6 +121,11 @@ class LocalChannel(ChannelBase):
         if self._running:
             return
         self._closing = False
+        if self._replies is not None:
+            await self._replies.setup()
+            for record in await self._replies.load(MAX_RECORDS):
+                self._remember(record)
+            self._seq = max(self._seq, await self._replies.last_seq())
         if self._serve_http:
             await self._start_http()
         self._running = True
@@ -141,8 +158,12 @@ class LocalChannel(ChannelBase):
                    message_id: str | None) -> Shown:
         """The answer so far as a ``partial`` record (the whole text each time); the
         final ``reply`` record carries the same ``stream`` key and ``"final": true``."""
-        self._append(target, text, "partial", {"stream": target.stream, "final": False})
-        return Shown()
+        self._partials += 1  # each partial its own record (and seq), stored like a reply so
+        # that ``seq`` stays one durable sequence a client can follow across restarts
+        done = await self._append(target, text, "partial", {"stream": target.stream,
+                                                            "final": False},
+                                  f"{target.idempotency_key}#partial{self._partials}")
+        return Shown(error=done.error) if isinstance(done, Delivery) else Shown()
 
     async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
         return await self.send(msg)
@@ -170,34 +191,55 @@ class LocalChannel(ChannelBase):
         if known is not None:
             return known
         extra = {"stream": msg.stream, "final": True} if msg.stream is not None else {}
-        seq = self._append(msg, msg.text, msg.kind, extra)
+        seq = await self._append(msg, msg.text, msg.kind, extra, msg.idempotency_key)
+        if isinstance(seq, Delivery):
+            return seq
         delivery = Delivery(ok=True, message_ids=(str(seq),))
         self._deliveries[msg.idempotency_key] = delivery
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
         return delivery
 
-    def _append(self, msg: OutboundMessage, text: str, kind: str,
-                extra: dict[str, Any]) -> int:
-        """A record for ``msg``'s chat, woken pollers; its ``seq``."""
-        self._seq += 1
+    async def _append(self, msg: OutboundMessage, text: str, kind: str,
+                      extra: dict[str, Any], key: str) -> int | Delivery:
+        """A record for ``msg``'s chat (stored first, once per ``key``, when the channel
+        has a reply log), woken pollers; its ``seq``, or the failed delivery."""
         created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": text,
+        record = {"chat_id": msg.chat_id, "text": text,
                   "kind": kind, "reply_to": msg.reply_to,
                   "media": [m.to_dict() for m in msg.media],
                   "created_at": created.astimezone(UTC).isoformat(),
                   "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
-        records = self._records.get(msg.chat_id)
-        if records is None:
-            records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
-        else:
-            self._records.move_to_end(msg.chat_id)
-        self._stored += 1 - (len(records) == records.maxlen)
-        records.append(record)
-        self._prune()
+        if self._replies is None:
+            self._seq += 1
+            seq, new = self._seq, True
+        else:  # stored first: a reply the log could not keep is not delivered (retried)
+            try:
+                seq, new = await self._replies.add(key, record)
+            except (sqlite3.Error, StoreUnavailable) as exc:
+                return Delivery(ok=False, error=f"local reply log: {exc}")
+        if new:
+            self._remember({"seq": seq, **record})
         for event in self._waiters.get(msg.chat_id, ()):
             event.set()
-        return self._seq
+        return seq
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        """Keep ``record`` in its chat's window, in ``seq`` order."""
+        seq, chat_id = record["seq"], record["chat_id"]
+        self._seq = max(self._seq, seq)
+        records = self._records.get(chat_id)
+        if records is None:
+            records = self._records[chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
+        else:
+            self._records.move_to_end(chat_id)
+        self._stored += 1 - (len(records) == records.maxlen)
+        records.append(record)
+        if len(records) > 1 and records[-2]["seq"] > seq:  # two sends to one chat at once
+            ordered = sorted(records, key=lambda r: r["seq"])
+            records.clear()
+            records.extend(ordered)
+        self._prune()
 
     def _prune(self) -> None:
         """Drop the least recently active chats' oldest records past the limits."""
@@ -274,7 +316,8 @@ class LocalChannel(ChannelBase):
         if (request.content_length or 0) > self._max_body:
             raise too_big
         try:
-            raw = await request.read()
+            raw = await read_body(request, self.config.body_timeout,
+                                  "channels.local.body_timeout")
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         limit = self.config.max_media_bytes
@@ -290,6 +333,10 @@ class LocalChannel(ChannelBase):
             new = await self._bus.publish_inbound(msg)
         except BusClosed:
             raise ApiError("gateway is shutting down", 503) from None
+        except NotStored as exc:  # never 202 for what a restart would not find
+            _log.warning("local channel: refused message %s: %s", msg.message_id, exc)
+            raise ApiError(f"store: {exc}; nothing was taken, send it again later",
+                           503) from None
         body: dict[str, Any] = {"message_id": msg.message_id}
         if not new:
             body["duplicate"] = True  # a retry of a message already taken: not answered twice
@@ -312,4 +359,5 @@ class LocalChannel(ChannelBase):
 def create(deps: ChannelDeps) -> LocalChannel:
     """The gateway's factory for ``channels.local``."""
     return LocalChannel(deps.config.channels.local, deps.bus,
-                        workspace=deps.config.workspace_path, health=deps.health)
+                        workspace=deps.config.workspace_path, health=deps.health,
+                        store=deps.store)

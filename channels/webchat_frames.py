@@ -26,6 +26,8 @@ from typing import Any
 
 from yarl import URL
 
+from channels.http_api import ApiError, check_unicode
+
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MESSAGE_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 UINT = re.compile(r"[0-9]{1,18}")
@@ -117,6 +119,10 @@ def parse_frame(raw: str) -> dict[str, Any]:
         raise FrameError("frame: not valid JSON") from None
     if not isinstance(data, dict):
         raise FrameError("frame: must be a JSON object")
+    try:
+        check_unicode(data)
+    except ApiError as exc:
+        raise FrameError(exc.message) from None
     kind = data.get("type")
     if not isinstance(kind, str):
         raise FrameError("type: required, a string")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -129,7 +130,7 @@ class Gateway:
             await self._start_schedules(self.store, self.agent)
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
-                self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up),
+                self._warm_up = asyncio.create_task(asyncio.to_thread(self._warm_up_model),
                                                     name="llm-warm-up")
         except BaseException:
             self._state = "failed"
@@ -141,6 +142,12 @@ class Gateway:
         _log.info("gateway running: model %s, channels %s, workspace %s",
                   self.config.agent.model, ", ".join(self.manager.channels) or "none",
                   self.config.workspace_path)
+
+    def _warm_up_model(self) -> None:
+        """(In a thread.) litellm imported, then whether the model has the key it needs:
+        health says so from then on, without importing anything itself."""
+        warm_up()
+        self.provider.health.config_problem = self.provider.configuration_problem()
 
     async def _resolve_exec(self) -> ExecAccess:
         """Whether ``exec`` runs sandboxed, unsandboxed or not at all; said once, loudly when
@@ -253,7 +260,8 @@ class Gateway:
         await self.stop()
 
     def health(self) -> dict[str, Any]:
-        """What ``GET /v1/health`` and ``parley status`` show; cheap (no I/O)."""
+        """What ``GET /v1/health`` and ``parley status`` show; cheap (two ``stat`` calls, no
+        database or network I/O). ``status`` is ``ok`` only while nothing is in ``reasons``."""
         uptime = time.monotonic() - self._started_at if self._started_at else 0.0
         channels: dict[str, Any] = {}
         for name, channel in self.manager.channels.items():
@@ -271,9 +279,12 @@ class Gateway:
                 "state": state, "reason": reason,
             }
         agent = self.agent
-        healthy = all(c["state"] == "connected" for c in channels.values())
+        reasons = [*self._problems(), *(
+            f"channel {name}: {c['state']}" + (f": {c['reason']}" if c["reason"] else "")
+            for name, c in channels.items() if c["state"] != "connected")]
         return {
-            "status": "ok" if healthy else "degraded",
+            "status": "degraded" if reasons else "ok",
+            "reasons": reasons,
             "gateway": self._state,
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
@@ -292,6 +303,21 @@ class Gateway:
             "exec": self.exec_access.describe() if self.exec_access is not None else None,
             "context_window": agent.window if agent else None,
         }
+
+    def _problems(self) -> list[str]:
+        """What keeps the gateway from doing its job, besides its channels: the database or
+        the data folder gone or unwritable, the model without its key or failing."""
+        problems = []
+        store = self.store
+        if store is not None and (found := store.check_file() or store.problem):
+            problems.append(f"storage: {found}")
+        data = self.config.data_path
+        if self._state == "running" and not os.access(data, os.W_OK | os.X_OK):
+            problems.append(f"storage: the data folder {data} is gone or not writable; "
+                            "messages and files cannot be kept")
+        if (model := self.provider.health.problem()) is not None:
+            problems.append(f"model: {model}")
+        return problems
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:
         """Run until SIGINT/SIGTERM (or ``stop_event``), then stop cleanly."""

@@ -65,6 +65,8 @@ def status(config_path: ConfigOpt = None) -> None:
             f"{health.get('busy_sessions', 0)} busy session(s), "
             f"{health.get('queued_messages', 0)} waiting message(s)")
         say(f"health:   {health.get('status', 'ok')}")
+        for reason in health.get("reasons") or []:  # why it is degraded, one line each
+            say(f"  reason: {reason}")
         say(f"outbox:   {health.get('outbox_pending', 0)} pending, "
             f"{health.get('dead_letters', 0)} dead letter(s)")
         table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")

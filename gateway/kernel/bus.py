@@ -3,8 +3,9 @@
 Bounded on purpose: a channel that produces faster than the agent consumes waits in
 ``publish_inbound`` (back-pressure) instead of growing memory without limit. With a store
 attached the bus is durable: an inbound message is in the inbox before ``publish_inbound``
-returns (so a channel acknowledges it to its platform only once it is safe), a repeated channel
-message is ignored, and an outbound message is in the outbox before it is queued for sending.
+returns (so a channel acknowledges it to its platform only once it is safe; ``NotStored`` when it
+could not be, and then nothing is queued), a repeated channel message is ignored, and an
+outbound message is in the outbox before it is queued for sending.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def _tell(listeners: list[Callable[[E], None]], event: E, what: str) -> None:
 
 class BusClosed(Exception):
     """Raised to a publisher once the bus stopped taking input."""
+
+
+class NotStored(Exception):
+    """Raised to a publisher when the inbox could not store its message (the database file is
+    gone, read-only, the disk full): nothing was queued, and the channel must not acknowledge
+    the message to its platform, which keeps it (or its sender retries)."""
 
 
 class MessageBus:
@@ -103,7 +110,7 @@ class MessageBus:
         """Store and queue ``msg``; False (and nothing queued) for a duplicate."""
         if self._closed:
             raise BusClosed("the gateway is shutting down")
-        if self._store is not None and not await self._store.inbox_add(msg):
+        if self._store is not None and not await self._stored(msg):
             self.duplicates += 1
             _log.info("ignored a repeat of %s message %s in chat %s", msg.channel,
                       msg.message_id, msg.chat_id)
@@ -111,6 +118,15 @@ class MessageBus:
         self.last_inbound[msg.channel] = utcnow()
         await self._inbound.put(msg)
         return True
+
+    async def _stored(self, msg: InboundMessage) -> bool:
+        assert self._store is not None
+        try:
+            return await self._store.inbox_add(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise NotStored(f"the message could not be stored: {exc}") from exc
 
     async def consume_inbound(self) -> InboundMessage:
         return await self._inbound.get()

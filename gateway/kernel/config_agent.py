@@ -346,6 +346,9 @@ class AgentConfig(Section):
     queue_mode: Literal["collect", "followup", "steer"] = "collect"
     queue_cap: int = Field(20, ge=2)
     shutdown_grace: Duration = 10.0
+    degraded_after_failures: int = Field(3, ge=1)
+    """Model calls failing in a row (after retries and fallbacks) before health says
+    ``degraded``."""
     context: ContextConfig = ContextConfig()
     skills: SkillsConfig = SkillsConfig()
     tools: ToolsConfig = ToolsConfig()

@@ -59,6 +59,8 @@ class LocalChannelConfig(Section):
     max_text_chars: int = Field(100_000, gt=0)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
     streaming: StreamingConfig = _live(0.0, 0)
+    body_timeout: Duration = Field(30.0, gt=0)
+    """A request body not received in full within this is refused (408)."""
 
 
 class TerminalChannelConfig(Section):
@@ -201,6 +203,8 @@ class WebchatChannelConfig(Section):
     history_limit: int = Field(200, gt=0, le=5000)
     """Most messages one history request returns (the page pages on for more)."""
     streaming: StreamingConfig = _live(0.05, 0)
+    body_timeout: Duration = Field(30.0, gt=0)
+    """A request body not received in full within this is refused (408)."""
 
     @field_validator("allowed_origins")
     @classmethod
