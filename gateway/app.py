@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
+CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat", "openai")
 """Started from config when their section says ``enabled``; ``terminal`` is ``parley chat``'s."""
 
 
@@ -196,7 +196,8 @@ class Gateway:
             section = getattr(self.config.channels, name, None)
             if section is None or not section.enabled:
                 continue
-            channel = importlib.import_module(f"channels.{name}").create(deps)
+            module = {"openai": "openai_api"}.get(name, name)
+            channel = importlib.import_module(f"channels.{module}").create(deps)
             if name == "local":
                 self.local = channel
             out.append(channel)

@@ -196,6 +196,47 @@ class WebchatChannelConfig(Section):
         return value
 
 
+# --- channels.openai: the OpenAI-compatible API (channels/openai_api.py) ---------------------
+
+class OpenAIChannelConfig(Section):
+    """``channels/openai_api.py``: ``POST /v1/chat/completions`` and ``GET /v1/models`` for
+    tools that speak the OpenAI protocol. Each request is one turn of a Parley session."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(8767, ge=0, le=65535)
+    token: OptionalSecret = None
+    """The API key clients send (``Authorization: Bearer``); required beyond loopback."""
+    trust: Literal["owner", "member", "guest"] = "owner"
+    """What a request counts as: the token's holder is the owner unless this says less."""
+    sender_id: str = Field("owner", min_length=1, max_length=128)
+    """Who the requests come from, for memory and the usage ledger."""
+    reply_timeout: Duration = 600.0
+    """How long a request waits for its turn's answer (the answer stays in the session)."""
+    max_text_chars: int = Field(100_000, gt=0)
+    """The longest new user message taken."""
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    """The largest request body (clients resend the whole conversation each time)."""
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> OpenAIChannelConfig:
+        if self.token is None and not loopback_host(self.host):
+            raise ValueError(f"channels.openai.token is required to listen on {self.host!r}, "
+                             "which is not loopback; set a token or use host 127.0.0.1")
+        if self.reply_timeout <= 0:
+            raise ValueError("reply_timeout must be more than 0")
+        return self
+
+
+def loopback_host(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class DeliveryConfig(Section):
     """The outbox: how long an undelivered message is retried before it is dead-lettered."""
 
@@ -218,3 +259,4 @@ class ChannelsConfig(Section):
     telegram: TelegramChannelConfig = TelegramChannelConfig()
     discord: DiscordChannelConfig = DiscordChannelConfig()
     webchat: WebchatChannelConfig = WebchatChannelConfig()
+    openai: OpenAIChannelConfig = OpenAIChannelConfig()
