@@ -82,6 +82,13 @@ async def whole_reply(msg: InboundMessage,
 
 class OpenAIChannel(ChannelBase):
     name = CHANNEL_NAME
+    config_model = OpenAIChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> OpenAIChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.openai``)."""
+        return create(deps)
+
     hints = ChannelHints(markup="Markdown", max_length=None,
                          etiquette="An app or script talking through the OpenAI API; "
                                    "answer as in a normal chat.")

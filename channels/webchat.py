@@ -90,6 +90,13 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 class WebchatChannel(ChatSockets):
     name = "webchat"
+    config_model = WebchatChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> WebchatChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.webchat``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Markdown subset: paragraphs, **bold**, *italic*, `code`, fenced code blocks, "
                "lists, [links](https://…); headings, tables and HTML are shown as plain text",

@@ -205,6 +205,19 @@ def _exec_line(config: Config, health: dict[str, Any] | None) -> str:
     return access.describe()
 
 
+def _installed_channels(config: Config) -> None:
+    """The channels installed (``parley.channels`` entry points: built-in and plugins), and
+    which of them the config switches on."""
+    from gateway.kernel.channel_registry import names
+    from gateway.kernel.config_channels import section_of
+
+    installed = names()
+    enabled = [n for n in installed
+               if getattr(section_of(config.channels, n), "enabled", False)]
+    out.print(f"channels: {', '.join(installed) or 'none'} installed; enabled: "
+              f"{', '.join(enabled) or 'none'}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions."""
@@ -214,6 +227,7 @@ def status(config_path: ConfigOpt = None) -> None:
     out.print(f"model:    {config.agent.model}", highlight=False)
     out.print(f"exec:     {_exec_line(config, health)}", highlight=False, markup=False,
               soft_wrap=True)
+    _installed_channels(config)
     if health:
         out.print(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
                   f"{health.get('turns_done', 0)} turn(s) answered, "

@@ -10,8 +10,18 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from gateway.kernel import channel_registry
 from gateway.kernel.config_fields import Duration, IdList, OptionalSecret, OptionalStr, Section
 
 
@@ -253,6 +263,12 @@ class DeliveryConfig(Section):
 
 
 class ChannelsConfig(Section):
+    """Built-in sections are typed here; a plugin channel's section (``channels.<name>`` of an
+    installed channel, ``channel_registry``) is kept as given and validated against the
+    plugin's own ``config_model`` by ``check_plugin_sections`` right after loading."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     delivery: DeliveryConfig = DeliveryConfig()
     local: LocalChannelConfig = LocalChannelConfig()
     terminal: TerminalChannelConfig = TerminalChannelConfig()
@@ -260,3 +276,40 @@ class ChannelsConfig(Section):
     discord: DiscordChannelConfig = DiscordChannelConfig()
     webchat: WebchatChannelConfig = WebchatChannelConfig()
     openai: OpenAIChannelConfig = OpenAIChannelConfig()
+
+
+# --- plugin channels' sections -------------------------------------------------------------------
+
+def check_plugin_sections(channels: ChannelsConfig) -> list[tuple[str, str]]:
+    """Validate each ``channels.<name>`` that is not a built-in field against the installed
+    channel's ``config_model`` (in place: ``channels.<name>`` is then that model). Returns
+    (key path, reason) pairs: an unknown name lists the installed channels."""
+    errors: list[tuple[str, str]] = []
+    extra = channels.__pydantic_extra__ or {}
+    if not extra:
+        return errors
+    installed = channel_registry.installed()
+    for name, raw in list(extra.items()):
+        path = f"channels.{name}"
+        if name not in installed:
+            errors.append((path, "unknown channel (installed channels: "
+                                 f"{', '.join(installed) or 'none'})"))
+            continue
+        try:
+            model = channel_registry.load(name, installed[name]).config_model
+            extra[name] = raw if isinstance(raw, model) else model.model_validate(raw or {})
+        except channel_registry.ChannelPluginError as exc:
+            errors.append((path, str(exc)))
+        except ValidationError as exc:
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"])
+                reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+                errors.append((f"{path}.{where}" if where else path,
+                               reason.removeprefix("Value error, ")))
+    return errors
+
+
+def section_of(channels: ChannelsConfig, name: str) -> BaseModel | None:
+    """``channels.<name>``: a built-in section or a plugin's; None when not configured."""
+    value = getattr(channels, name, None)
+    return value if isinstance(value, BaseModel) else None
