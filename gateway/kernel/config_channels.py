@@ -247,6 +247,60 @@ def loopback_host(host: str) -> bool:
         return False
 
 
+# --- channels.slack: Slack over Socket Mode (channels/slack.py) -------------------------------
+
+class SlackChannelConfig(Section):
+    """``channels/slack.py``: a Slack app over Socket Mode (no public URL needed)."""
+
+    enabled: bool = False
+    bot_token: OptionalSecret = Field(None, validate_default=True)
+    """The bot token (``xoxb-…``): the Web API, and downloading files users share."""
+    app_token: OptionalSecret = Field(None, validate_default=True)
+    """The app-level token (``xapp-…``, scope ``connections:write``): Socket Mode."""
+    api_base: str = "https://slack.com/api/"
+    allow_from: IdList = Field(default_factory=list)
+    """The owner: member ids (``U…``) served with every tool and the owner's memory."""
+    members: IdList = Field(default_factory=list)
+    allow_channels: IdList = Field(default_factory=list)
+    """Channel ids (``C…``): when set, the bot answers in these channels only, and there to
+    anyone."""
+    dm_policy: Literal["pairing", "allowlist", "open", "disabled"] = "pairing"
+    group_policy: Literal["mention", "open", "disabled"] = "mention"
+    group_history: int = Field(20, ge=0, le=500)
+    max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
+    reactions: bool = True
+    """👀 on the message being answered while its turn runs (Slack bots cannot show typing)."""
+    watchdog: Duration = 90.0
+    ping_interval: Duration = 10.0
+
+    @field_validator("bot_token", "app_token")
+    @classmethod
+    def _tokens_when_enabled(cls, value: SecretStr | None,
+                             info: ValidationInfo) -> SecretStr | None:
+        which = str(info.field_name)
+        prefix = "xoxb-" if which == "bot_token" else "xapp-"
+        value = _require_token(value, info, f"required when channels.slack.enabled is true: "
+                               f"create a Slack app with Socket Mode on and set "
+                               f"channels.slack.{which} ({prefix}…)")
+        if value is not None and not value.get_secret_value().startswith(prefix):
+            raise ValueError(f"a Slack {which.replace('_', ' ')} starts with {prefix}")
+        return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _base(cls, value: str) -> str:
+        if not re.match(r"^https?://", value):
+            raise ValueError(f"{value!r} must start with http:// or https://")
+        return value.rstrip("/") + "/"
+
+    @model_validator(mode="after")
+    def _positive_times(self) -> SlackChannelConfig:
+        for name in ("watchdog", "ping_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be more than 0")
+        return self
+
+
 class DeliveryConfig(Section):
     """The outbox: how long an undelivered message is retried before it is dead-lettered."""
 
@@ -276,6 +330,7 @@ class ChannelsConfig(Section):
     discord: DiscordChannelConfig = DiscordChannelConfig()
     webchat: WebchatChannelConfig = WebchatChannelConfig()
     openai: OpenAIChannelConfig = OpenAIChannelConfig()
+    slack: SlackChannelConfig = SlackChannelConfig()
 
 
 # --- plugin channels' sections -------------------------------------------------------------------
