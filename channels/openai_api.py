@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from channels.base import ChannelBase, ChannelStatus
-from channels.http_api import ApiError, listen
+from channels.http_api import ApiError, json_errors, listen
 from channels.local_requests import bearer_auth
 from channels.openai_wire import (
     DEFAULT_MODEL,
@@ -37,7 +37,6 @@ from channels.openai_wire import (
     completion,
     error_response,
     models_list,
-    openai_errors,
     parse_chat_request,
     pieces,
     sse,
@@ -114,7 +113,8 @@ class OpenAIChannel(ChannelBase):
     async def start(self) -> None:
         if self._running:
             return
-        middlewares: list[Middleware] = [openai_errors(_log)]
+        middlewares: list[Middleware] = [json_errors(_log, "openai api",
+                                                     respond=error_response)]
         if self.config.token is not None:
             middlewares.append(bearer_auth(self.config.token.get_secret_value()))
         app = web.Application(client_max_size=self.config.max_body_bytes,

@@ -12,14 +12,12 @@ own (Parley's system prompt comes from the workspace).
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from channels.http_api import ApiError
 
@@ -161,25 +159,3 @@ def error_response(status: int, message: str,
     if status >= 500:
         extra.update(NO_RETRY)
     return web.json_response(error_body(status, message), status=status, headers=extra)
-
-
-def openai_errors(log: logging.Logger) -> Middleware:
-    """Every failure as OpenAI's error JSON: ``ApiError`` with its status, aiohttp's own HTTP
-    errors with their reason, anything else logged and answered 500."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as exc:
-            return error_response(exc.status, exc.message)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return error_response(exc.status, exc.reason.lower(), allow)
-        except Exception:
-            log.exception("openai api: %s %s failed", request.method, request.path)
-            return error_response(500, "internal error")
-
-    return middleware

@@ -13,7 +13,6 @@ import html
 import mimetypes
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -132,26 +131,15 @@ def _when(ts: str) -> datetime:
 
 # --- replies out --------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class TextPart:
-    mrkdwn: str
-
-
-@dataclass(frozen=True, slots=True)
-class FilePart:
-    media: Media
-
-
-Part = TextPart | FilePart
+Part = str | Media
+"""A reply's part: mrkdwn text, or a file."""
 
 
 def plan_parts(text: str, media: Sequence[Media]) -> list[Part]:
     """The text in mrkdwn parts of at most ``TEXT_LIMIT`` characters (cut before rendering,
     so a code fence is closed and reopened, never split), then one part per file."""
-    parts: list[Part] = [TextPart(r) for r in _rendered(text, _CHUNK_LIMIT)] \
-        if text.strip() else []
-    parts.extend(FilePart(m) for m in media)
-    return parts
+    parts: list[Part] = [*_rendered(text, _CHUNK_LIMIT)] if text.strip() else []
+    return [*parts, *media]
 
 
 def _rendered(text: str, limit: int) -> list[str]:

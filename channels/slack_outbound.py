@@ -22,11 +22,11 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.common import redact
+from channels.common import read_small, redact
 from channels.incoming import Attachment, DownloadFailed, Fetched, Incoming, human_size
 from channels.sent_parts import SentParts
-from channels.slack_convert import FilePart, TextPart, plan_parts, stored_name
-from gateway.kernel.events import OutboundMessage, utcnow
+from channels.slack_convert import plan_parts, stored_name
+from gateway.kernel.events import Media, OutboundMessage, utcnow
 from gateway.kernel.values import Delivery
 
 _log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Outbound:
         for index in range(len(done), len(parts)):
             part = parts[index]
             try:
-                ts = await (self._post(web, msg, part.mrkdwn) if isinstance(part, TextPart)
+                ts = await (self._post(web, msg, part) if isinstance(part, str)
                             else self._upload(web, msg, part))
             except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 delivery = self.failure(exc)
@@ -108,12 +108,11 @@ class Outbound:
                                             unfurl_links=False)
         return str(answer.get("ts") or "")
 
-    async def _upload(self, web: AsyncWebClient, msg: OutboundMessage, part: FilePart) -> str:
-        media = part.media
+    async def _upload(self, web: AsyncWebClient, msg: OutboundMessage, media: Media) -> str:
         if media.url is not None:  # Slack unfurls a link itself
             return await self._post(web, msg, f"<{media.url}>")
         path = Path(media.path or "")
-        data = await asyncio.to_thread(_read_small, path, self._limit)
+        data = await asyncio.to_thread(read_small, path, self._limit)
         if isinstance(data, bytes):
             answer = await web.files_upload_v2(channel=msg.chat_id, thread_ts=msg.thread_id,
                                                content=data, filename=path.name,
@@ -175,14 +174,3 @@ class Outbound:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DownloadFailed(self.clean(f"{type(exc).__name__}: {exc}")) from exc
         return Fetched(bytes(data), stored_name(inc.id, index, att.name or att.label))
-
-
-def _read_small(path: Path, limit: int) -> bytes | int | None:
-    """The file's bytes; its size when over ``limit``; None when it is not there."""
-    try:
-        if not path.is_file():
-            return None
-        size = path.stat().st_size
-        return size if size > limit else path.read_bytes()
-    except OSError:
-        return None
