@@ -100,11 +100,13 @@ class OpenAIChannel(ChannelBase):
         self._deltas = deltas
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
         """The requests waiting, by the inbound message's id."""
-        self._turns: dict[str, asyncio.Lock] = {}
-        """One turn at a time per session."""
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
+        """One turn at a time per session: its lock, and how many requests hold or wait."""
         self._runner: web.AppRunner | None = None
         self._running = False
         self._answered = 0
+        self._queued = 0
+        """Requests waiting for the turn before theirs in the same session."""
         self.port: int | None = None
         self.base_url: str | None = None
 
@@ -141,7 +143,7 @@ class OpenAIChannel(ChannelBase):
     def status(self) -> ChannelStatus:
         return ChannelStatus(running=self._running,
                              detail={"url": self.base_url, "answered": self._answered,
-                                     "waiting": len(self._waiting)})
+                                     "waiting": len(self._waiting), "queued": self._queued})
 
     async def send(self, msg: OutboundMessage) -> Delivery:
         """An answer reaches the request waiting for it; anything else (a reply whose client
@@ -164,12 +166,21 @@ class OpenAIChannel(ChannelBase):
         raw = await request.read()
         req = parse_chat_request(raw, request.headers, models=frozenset(self._models),
                                  max_text_chars=self.config.max_text_chars)
-        lock = self._turns.setdefault(req.session, asyncio.Lock())
+        lock, users = self._turns.get(req.session) or (asyncio.Lock(), 0)
+        self._turns[req.session] = (lock, users + 1)
+        self._queued += 1
+        entered = False
         try:
             async with lock:
+                entered, self._queued = True, self._queued - 1
                 return await self._turn(request, req.session, req.text, req.model, req.stream)
         finally:
-            if not lock.locked() and self._turns.get(req.session) is lock:
+            if not entered:  # the client went away while waiting for the session's turn
+                self._queued -= 1
+            lock, users = self._turns[req.session]
+            if users > 1:
+                self._turns[req.session] = (lock, users - 1)
+            else:
                 del self._turns[req.session]
 
     async def _turn(self, request: web.Request, session: str, text: str, model: str,

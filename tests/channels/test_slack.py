@@ -311,3 +311,15 @@ def test_config_names_the_missing_token() -> None:
     with pytest.raises(ConfigError, match=r"channels\.slack\.app_token: a Slack app token "
                                           r"starts with xapp-"):
         parse_config({"channels": {"slack": {"app_token": "xoxb-1"}}}, env={})
+
+
+async def test_an_envelope_delivered_again_is_taken_once(slack: FakeSlack,
+                                                         tmp_path: Path) -> None:
+    """Slack delivers an envelope again when its acknowledgement was lost: the inbox takes
+    the message once."""
+    async with running(slack, tmp_path) as (channel, bus, _):
+        ts = await slack.say(OWNER, "D1", "only once")
+        await slack.say(OWNER, "D1", "only once", ts=ts)
+        await slack.say(OWNER, "D1", "next")
+        assert [(await bus.consume_inbound()).text for _ in range(2)] == ["only once", "next"]
+        assert bus.duplicates == 1

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -17,6 +18,7 @@ from channels.openai_api import OpenAIChannel
 from gateway.app import Gateway
 from gateway.kernel.config import ConfigError, parse_config
 from tests.conftest import MakeConfig
+from tests.e2e.waiting import until
 from tests.fakes.openai_server import ScriptedLLM
 
 TOKEN = "sk-parley-test"
@@ -185,3 +187,83 @@ def test_a_bind_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(ConfigError, match=r"channels\.openai.*token is required"):
         parse_config({"channels": {"openai": {"enabled": True, "host": "0.0.0.0"}}}, env={})
     parse_config({"channels": {"openai": {"host": "0.0.0.0", "token": "t"}}}, env={})
+
+
+async def test_bad_requests_get_openai_errors_naming_the_field(gateway: Gateway,
+                                                              llm: ScriptedLLM) -> None:
+    base = api_of(gateway).base_url
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    cases = [
+        (b"{not json", {}, 400, "body: not valid JSON"),
+        (json.dumps({"model": "parley"}).encode(), {}, 400, "messages: required"),
+        (json.dumps({"model": "parley", "user": "a b", "messages": [
+            {"role": "user", "content": "hi"}]}).encode(), {}, 400, "user: a session id"),
+        (json.dumps({"model": "parley", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}]}).encode(), {}, 400,
+         "messages[0].content[0]: only text parts"),
+        (json.dumps({"model": "parley", "stream": "yes", "messages": [
+            {"role": "user", "content": "hi"}]}).encode(), {}, 400, "stream: expected bool"),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for body, headers, status, message in cases:
+            async with session.post(f"{base}/chat/completions", data=body,
+                                    headers={**auth, **headers}) as resp:
+                data = await resp.json()
+                assert resp.status == status, data
+                assert data["error"]["message"].startswith(message), data
+                assert data["error"]["type"] == "invalid_request_error"
+        async with session.get(f"{base}/chat/completions", headers=auth) as resp:
+            assert resp.status == 405
+            assert (await resp.json())["error"]["message"] == "method not allowed"
+        async with session.get(f"{base}/models") as resp:  # no token
+            assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert llm.requests == []
+
+
+async def test_a_configured_trust_level_limits_the_tools(make_config: MakeConfig,
+                                                         llm: ScriptedLLM) -> None:
+    config = make_config(channels={"openai": {"enabled": True, "port": 0, "trust": "guest",
+                                              "sender_id": "scripts"}})
+    llm.reply("hello, guest")
+    async with Gateway(config, grace=2.0) as gw:
+        async with openai.AsyncOpenAI(base_url=api_of(gw).base_url, api_key="unused",
+                                      max_retries=0) as c:
+            answer = await c.chat.completions.create(
+                model="parley", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "hello, guest"
+    tools = {t["function"]["name"] for t in llm.requests[0].get("tools") or []}
+    assert "exec" not in tools and "write_file" not in tools
+    assert "Sender: scripts" in llm.requests[0]["messages"][-2]["content"]
+
+
+async def test_requests_of_one_session_take_turns(client: openai.AsyncOpenAI, llm: ScriptedLLM,
+                                                  gateway: Gateway) -> None:
+    """Two requests at once in one session are two turns, in order, each with its answer
+    (never merged into one turn by the lanes)."""
+    gate = llm.hold()
+    llm.reply("first answer").reply("second answer")
+
+    def ask(text: str) -> Any:
+        return asyncio.ensure_future(client.chat.completions.create(
+            model="parley", messages=[{"role": "user", "content": text}], user="busy"))
+
+    first = ask("one")
+    await llm.wait_in_flight(1)
+    second = ask("two")
+    await until(lambda: api_of(gateway).status().detail["queued"] == 1,
+                "the second request waiting for the first one's turn")
+    gate.release()
+    assert (await first).choices[0].message.content == "first answer"
+    assert (await second).choices[0].message.content == "second answer"
+    assert user_texts(await stored(gateway, "openai:busy")) == ["one", "two"]
+
+
+async def test_a_failed_streamed_turn_is_an_error_answer(client: openai.AsyncOpenAI,
+                                                          llm: ScriptedLLM) -> None:
+    for _ in range(6):
+        llm.error(400, "the model refuses")
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(
+            model="parley", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert caught.value.status_code == 502
