@@ -94,6 +94,12 @@ def parse_chat_request(raw: bytes, headers: Mapping[str, str], *, models: frozen
         raise ApiError(f"{where}.content: empty")
     if len(text) > max_text_chars:
         raise ApiError(f"{where}.content: longer than {max_text_chars} characters", 413)
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise ApiError(f"{name}: not taken: Parley's agent runs its own tools (the "
+                           "client's cannot be called)")
+    if body.get("n", 1) != 1:
+        raise ApiError("n: only 1 answer per request")
     stream = _field(body, "stream", bool, False)
     user = _field(body, "user", str)
     session = headers.get(SESSION_HEADER) or user or DEFAULT_SESSION

@@ -41,7 +41,15 @@ from channels.common import Liveness, SecretFilter, StateWatch, iso
 from channels.inbound import Inbound
 from channels.incoming import Incoming
 from channels.sent_parts import SentParts
-from channels.slack_convert import NAME, TEXT_LIMIT, WORDING, access_rules, is_own, to_incoming
+from channels.slack_convert import (
+    NAME,
+    TEXT_LIMIT,
+    WORDING,
+    access_rules,
+    is_own,
+    profile_name,
+    to_incoming,
+)
 from channels.slack_outbound import Outbound
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config_channels import SlackChannelConfig
@@ -55,6 +63,7 @@ _log = logging.getLogger(__name__)
 
 CONNECT_WAIT = 30.0
 REACTION = "eyes"
+MAX_NAMES = 5000
 Key = tuple[str, str | None]
 
 
@@ -108,6 +117,8 @@ class SlackChannel(StateWatch, ChannelBase):
         self._answering: dict[Key, str] = {}
         """The last message that addressed the bot, per chat and thread (for the reaction)."""
         self._reacted: dict[Key, str] = {}
+        self._names: dict[str, str] = {}
+        """User id → name, for events without a profile (``users.info``, once each)."""
         self.bot_user: str | None = None
         self.bot_id: str | None = None
         self.hellos = 0
@@ -234,12 +245,29 @@ class SlackChannel(StateWatch, ChannelBase):
             await self._notify()
 
     async def _convert(self, event: dict[str, Any]) -> Incoming | None:
-        inc = to_incoming(event, bot_user=self.bot_user or "")
+        user = event.get("user")
+        if isinstance(user, str) and not event.get("user_profile") and user not in self._names:
+            await self._look_up(user)
+        inc = to_incoming(event, bot_user=self.bot_user or "", names=self._names)
         if inc is not None and inc.addressed:
             self._answering[(inc.chat_id, inc.thread_id)] = inc.id
             while len(self._answering) > 1000:
                 self._answering.pop(next(iter(self._answering)))
         return inc
+
+    async def _look_up(self, user: str) -> None:
+        """A person's name (``users.info``), once; their id stands in when Slack won't say."""
+        web, name = self._web, None
+        if web is not None:
+            try:
+                answer = await web.users_info(user=user)
+                info = answer.get("user") or {}
+                name = profile_name(info.get("profile") or {}) or info.get("real_name")
+            except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                _log.info("slack: no name for %s (%s)", user, self._outbound.clean(str(exc)))
+        self._names[user] = str(name or user)
+        while len(self._names) > MAX_NAMES:
+            self._names.pop(next(iter(self._names)))
 
     async def _watchdog(self) -> None:
         """A socket that stopped delivering (our echo did not come) is replaced."""

@@ -92,9 +92,16 @@ def is_own(event: dict[str, Any], bot_user: str, bot_id: str | None) -> bool:
                                              event.get("bot_id") == bot_id)
 
 
-def to_incoming(event: dict[str, Any], *, bot_user: str) -> Incoming | None:
+def profile_name(profile: dict[str, Any]) -> str | None:
+    """What Slack shows for a person: the display name, else the full name."""
+    return profile.get("display_name") or profile.get("real_name") or None
+
+
+def to_incoming(event: dict[str, Any], *, bot_user: str,
+                names: dict[str, str] | None = None) -> Incoming | None:
     """A ``message`` event as an ``Incoming``; None for what is not a person's new message
-    (edits, deletions, joins, the bot's own messages are filtered before)."""
+    (edits, deletions, joins, the bot's own messages are filtered before). ``names``: user id
+    → name, for events that carry no profile."""
     if event.get("type") != "message" or event.get("subtype") in IGNORED_SUBTYPES:
         return None
     channel, user, ts = event.get("channel"), event.get("user"), event.get("ts")
@@ -109,7 +116,7 @@ def to_incoming(event: dict[str, Any], *, bot_user: str) -> Incoming | None:
     thread = event.get("thread_ts")
     thread_id = str(thread) if thread and thread != ts else None
     profile = event.get("user_profile") or {}
-    name = profile.get("display_name") or profile.get("real_name") or user
+    name = profile_name(profile) or (names or {}).get(user) or user
     return Incoming(platform=NAME, id=ts, where=channel, chat_id=channel,
                     thread_id=thread_id, guild_id=None, place_ids=(channel,), direct=direct,
                     sender=Sender(id=user, name=str(name),

@@ -323,3 +323,13 @@ async def test_an_envelope_delivered_again_is_taken_once(slack: FakeSlack,
         await slack.say(OWNER, "D1", "next")
         assert [(await bus.consume_inbound()).text for _ in range(2)] == ["only once", "next"]
         assert bus.duplicates == 1
+
+
+async def test_a_sender_without_a_profile_is_named_from_users_info_once(
+        slack: FakeSlack, tmp_path: Path) -> None:
+    async with running(slack, tmp_path) as (channel, bus, _):
+        await slack.say(OWNER, "D1", "one", profile=False)
+        await slack.say(OWNER, "D1", "two", profile=False)
+        names = [(await bus.consume_inbound()).sender_name for _ in range(2)]
+    assert names == [f"name-{OWNER}"] * 2
+    assert slack.calls.count("users.info") == 1

@@ -203,6 +203,8 @@ async def test_bad_requests_get_openai_errors_naming_the_field(gateway: Gateway,
          "messages[0].content[0]: only text parts"),
         (json.dumps({"model": "parley", "stream": "yes", "messages": [
             {"role": "user", "content": "hi"}]}).encode(), {}, 400, "stream: expected bool"),
+        (json.dumps({"model": "parley", "tools": [{"type": "function"}], "messages": [
+            {"role": "user", "content": "hi"}]}).encode(), {}, 400, "tools: not taken"),
     ]
     async with aiohttp.ClientSession() as session:
         for body, headers, status, message in cases:

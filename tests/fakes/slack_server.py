@@ -77,7 +77,7 @@ class FakeSlack:
 
     async def __aenter__(self) -> Self:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/api/{method}", self._api)
+        app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/link", self._link)
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files/{file_id}/{name}", self._download)
@@ -128,14 +128,17 @@ class FakeSlack:
 
     async def say(self, user: str, channel: str, text: str, *, thread_ts: str | None = None,
                   channel_type: str = "im", files: list[dict[str, Any]] | None = None,
-                  ts: str | None = None, wait: bool = True) -> str:
-        """A user's message; returns its ts once the client acknowledged it (``wait``)."""
+                  ts: str | None = None, wait: bool = True, profile: bool = True) -> str:
+        """A user's message; returns its ts once the client acknowledged it (``wait``).
+        ``profile``: the event carries the sender's names (else only the id, as in many
+        events: ``users.info`` knows them)."""
         ts = ts or self.next_ts()
         event: dict[str, Any] = {"type": "message", "channel": channel, "user": user,
                                  "text": text, "ts": ts, "channel_type": channel_type,
-                                 "team": TEAM,
-                                 "user_profile": {"display_name": f"name-{user}",
-                                                  "real_name": f"Real {user}"}}
+                                 "team": TEAM}
+        if profile:
+            event["user_profile"] = {"display_name": f"name-{user}",
+                                     "real_name": f"Real {user}"}
         if thread_ts:
             event["thread_ts"] = thread_ts
         if files:
@@ -211,7 +214,7 @@ class FakeSlack:
         args: dict[str, Any] = dict(request.query)
         if request.content_type == "application/json":
             args.update(await request.json())
-        else:
+        elif request.method == "POST":
             args.update(await request.post())
         return args
 
@@ -269,6 +272,14 @@ class FakeSlack:
         post = await self._post(channel, text, args.get("thread_ts"))
         return {"channel": channel, "ts": post.ts,
                 "message": {"type": "message", "text": text, "user": BOT_USER, "ts": post.ts}}
+
+    async def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        user = str(args.get("user") or "")
+        if not user.startswith("U"):
+            return {"error": "user_not_found"}
+        return {"user": {"id": user, "name": user.lower(), "real_name": f"Real {user}",
+                         "profile": {"display_name": f"name-{user}",
+                                     "real_name": f"Real {user}"}}}
 
     async def _m_reactions_add(self, args: dict[str, Any]) -> dict[str, Any]:
         self.reactions.append(("add", args["channel"], args["timestamp"], args["name"]))
