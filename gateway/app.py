@@ -25,8 +25,8 @@ from channels.base import Channel, ChannelDeps, ChannelStatus
 from gateway.cron import CronScheduler
 from gateway.delivery import ChannelManager, ChannelStats
 from gateway.heartbeat import Heartbeat
-from gateway.kernel import channel_registry
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.channel_registry import installed, load
 from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
 from gateway.kernel.config_channels import section_of
@@ -299,10 +299,10 @@ def enabled_channel_classes(config: Config) -> dict[str, Any]:
     """The installed channel classes whose ``channels.<name>`` section is enabled (only those
     are imported); ``terminal`` is ``parley chat``'s, not an installed channel."""
     out: dict[str, Any] = {}
-    for name, entry in channel_registry.installed().items():
+    for name, entry in installed().items():
         section = section_of(config.channels, name)
         if section is not None and getattr(section, "enabled", False):
-            out[name] = channel_registry.load(name, entry)
+            out[name] = load(name, entry)
     return out
 
 
