@@ -11,12 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage
 from gateway.kernel.values import ChannelHints, Delivery
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from gateway.kernel.bus import MessageBus
     from gateway.kernel.config import Config
     from gateway.kernel.store import Store
@@ -126,3 +128,31 @@ class ChannelDeps:
     health: Callable[[], dict[str, Any]]
     monotonic: Callable[[], float] = time.monotonic
     """Seconds for watchdogs and health (``Liveness``); tests hand in a clock they move."""
+
+    def section(self, name: str) -> Any:
+        """``channels.<name>`` of the config: a built-in section, or a plugin channel's,
+        validated against its ``config_model`` when the config was loaded."""
+        return getattr(self.config.channels, name)
+
+
+class ChannelPlugin(Protocol):
+    """What the ``parley.channels`` entry point names: a channel class.
+
+    Register it in the package's ``pyproject.toml``::
+
+        [project.entry-points."parley.channels"]
+        mychat = "mychat_parley:MyChatChannel"
+
+    ``name`` is the entry point's name and the config key (``channels.mychat``);
+    ``config_model`` is the pydantic model of that section (``enabled`` switches it on);
+    ``from_deps`` builds the channel for the gateway (its section: ``deps.section(name)``).
+    A chat platform's adapter converts each update into ``channels.incoming.Incoming`` and
+    hands it to ``channels.inbound.Inbound.take()``: access, pairing, trust and group context
+    come with it. ``parley.testing`` checks any channel against a fake of its platform.
+    """
+
+    name: ClassVar[str]
+    config_model: ClassVar[type[BaseModel]]
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> Channel: ...

@@ -93,6 +93,13 @@ class DiscordChannelError(Exception):
 
 class DiscordChannel(StateWatch, ChannelBase):
     name = NAME
+    config_model = DiscordChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> DiscordChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.discord``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Discord markdown, shown natively (bold, italic, underline __x__, "
                "strikethrough, inline code, code blocks with a language, links, lists, quotes, "

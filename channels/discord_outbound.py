@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from channels.common import read_small
 from channels.discord_convert import (
     FilePart,
     Part,
@@ -136,7 +137,7 @@ class Outbound:
             return await self.post(where, media.url, reference=reference, nonce=nonce)
         path = Path(media.path or "")
         limit = self.config.max_media_bytes
-        data = await asyncio.to_thread(_read_small, path, limit)
+        data = await asyncio.to_thread(read_small, path, limit)
         if data is None:
             problem = "not found"
         elif isinstance(data, int):
@@ -189,14 +190,3 @@ class Outbound:
         except SEND_ERRORS as exc:
             raise DownloadFailed(redact(str(exc), self._secrets)) from exc
         return Fetched(data, stored_name(inc.id, index, att.name or att.label))
-
-
-def _read_small(path: Path, limit: int) -> bytes | int | None:
-    """The file's bytes; its size when over ``limit``; None when it is not there."""
-    try:
-        if not path.is_file():
-            return None
-        size = path.stat().st_size
-        return size if size > limit else path.read_bytes()
-    except OSError:
-        return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -64,31 +64,34 @@ def json_error(status: int, message: str,
 
 
 def json_errors(log: logging.Logger, what: str,
-                as_400: tuple[type[Exception], ...] = ()) -> Middleware:
+                as_400: tuple[type[Exception], ...] = (),
+                respond: Callable[[int, str, Mapping[str, str] | None], web.Response]
+                = json_error) -> Middleware:
     """The middleware: ``ApiError`` with its status, ``as_400`` exceptions (with a
     ``message``) as 400, aiohttp's own HTTP errors with their reason (and ``Allow``), anything
-    else logged and answered 500."""
+    else logged and answered 500; ``respond`` shapes the answer (OpenAI's error object for
+    ``channels/openai_api.py``)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except ApiError as exc:
-            return json_error(exc.status, exc.message)
+            return respond(exc.status, exc.message, None)
         except as_400 as exc:
-            return json_error(400, str(getattr(exc, "message", exc)))
+            return respond(400, str(getattr(exc, "message", exc)), None)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return json_error(exc.status, exc.reason.lower(), allow)
+            return respond(exc.status, exc.reason.lower(), allow)
         except ConnectionResetError:  # the client went away: nothing to answer, nothing wrong
             log.debug("%s: the client of %s %s disconnected", what, request.method,
                       request.path)
             return json_error(400, "client disconnected")  # written nowhere; aiohttp drops it
         except Exception:
             log.exception("%s: %s %s failed", what, request.method, request.path)
-            return json_error(500, "internal error")
+            return respond(500, "internal error", None)
 
     return middleware
 

@@ -88,6 +88,13 @@ class LocalChannelError(Exception):
 
 class LocalChannel(ChannelBase):
     name = CHANNEL_NAME
+    config_model = LocalChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> LocalChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.local``)."""
+        return create(deps)
+
     hints = ChannelHints(markup="Markdown (shown as plain text)", max_length=None,
                          etiquette="A test channel; answer as you would in a normal chat.")
 

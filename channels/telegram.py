@@ -84,6 +84,13 @@ class TelegramChannelError(Exception):
 
 class TelegramChannel(StateWatch, ChannelBase):
     name = NAME
+    config_model = TelegramChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> TelegramChannel:
+        """The ``parley.channels`` entry point's factory (``channels.telegram``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Markdown, shown as Telegram formatting (bold, italic, strikethrough, inline "
                "code, code blocks with a language, links, lists, quotes; headings become bold, "

@@ -102,6 +102,13 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 class WebchatChannel(ChatSockets):
     name = "webchat"
+    config_model = WebchatChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> WebchatChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.webchat``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Markdown (CommonMark with GFM tables): headings, **bold**, *italic*, `code`, "
                "fenced code blocks, lists, > quotes, tables, [links](https://…) and "

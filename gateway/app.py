@@ -9,7 +9,6 @@ heartbeat stop → outbound messages are flushed → channels stop → the datab
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
@@ -30,8 +29,10 @@ from gateway.delivery import ChannelManager, ChannelStats
 from gateway.heartbeat import Heartbeat
 from gateway.inbox_cleanup import InboxCleanup
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.channel_registry import installed, load
 from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
+from gateway.kernel.config_channels import section_of
 from gateway.kernel.cron_jobs import CRON_CHANNEL, CronJobs
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
     from agent.mcp import MCPManager
 
 _log = logging.getLogger(__name__)
-
-CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
-"""Started from config when their section says ``enabled``; ``terminal`` is ``parley chat``'s."""
 
 
 class Gateway:
@@ -201,18 +199,16 @@ class Gateway:
                             spawn=self.subagents.spawn if self.subagents is not None else None)
 
     def _configured_channel_list(self) -> list[Channel]:
-        """One adapter per enabled ``channels.<name>`` section, built by ``channels.<name>``."""
+        """One adapter per enabled ``channels.<name>`` section, built by the installed channel
+        class of that name (``parley.channels`` entry points)."""
         if not self._configured or self.store is None:
             return []
         deps = ChannelDeps(config=self.config, bus=self.bus, store=self.store,
                            data_path=self.config.data_path, health=self.health,
                            monotonic=self.monotonic)
         out: list[Channel] = []
-        for name in CONFIGURED_CHANNELS:
-            section = getattr(self.config.channels, name, None)
-            if section is None or not section.enabled:
-                continue
-            channel = importlib.import_module(f"channels.{name}").create(deps)
+        for name, cls in enabled_channel_classes(self.config).items():
+            channel = cls.from_deps(deps)
             if name == "local":
                 self.local = channel
             out.append(channel)
@@ -333,6 +329,17 @@ class Gateway:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def enabled_channel_classes(config: Config) -> dict[str, Any]:
+    """The installed channel classes whose ``channels.<name>`` section is enabled (only those
+    are imported); ``terminal`` is ``parley chat``'s, not an installed channel."""
+    out: dict[str, Any] = {}
+    for name, entry in installed().items():
+        section = section_of(config.channels, name)
+        if section is not None and getattr(section, "enabled", False):
+            out[name] = load(name, entry)
+    return out
 
 
 def channel_state(status: ChannelStatus, stats: ChannelStats,

@@ -50,6 +50,19 @@ def _exec_line(config: Config, health: dict[str, Any] | None) -> str:
     return access.describe()
 
 
+def _installed_channels(config: Config) -> None:
+    """The channels installed (``parley.channels`` entry points: built-in and plugins), and
+    which of them the config switches on."""
+    from gateway.kernel.channel_registry import names
+    from gateway.kernel.config_channels import section_of
+
+    installed = names()
+    enabled = [n for n in installed
+               if getattr(section_of(config.channels, n), "enabled", False)]
+    say(f"channels: {', '.join(installed) or 'none'} installed; enabled: "
+        f"{', '.join(enabled) or 'none'}")
+
+
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions.
 
@@ -59,6 +72,7 @@ def status(config_path: ConfigOpt = None) -> None:
     say(f"config:   {config.source}")
     say(f"model:    {config.agent.model}")
     say(f"exec:     {_exec_line(config, health)}")
+    _installed_channels(config)
     if health:
         say(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
             f"{health.get('turns_done', 0)} turn(s) answered, "

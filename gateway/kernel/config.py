@@ -45,6 +45,7 @@ from gateway.kernel.config_channels import (
     TelegramChannelConfig,
     TerminalChannelConfig,
     WebchatChannelConfig,
+    check_plugin_sections,
 )
 from gateway.kernel.config_fields import (
     Duration,
@@ -179,6 +180,9 @@ def parse_config(data: Any, *, source: str = "<config>", env: dict[str, str] | N
             reason = reason.removeprefix("Value error, ")
             errors.append((_format_loc(err["loc"]), reason))
         raise ConfigError(source, errors) from None
+    errors = check_plugin_sections(config.channels)  # plugin channels' own config models
+    if errors:
+        raise ConfigError(source, errors)
     config._source = path
     return config
 
