@@ -193,14 +193,6 @@ def test_config_rules() -> None:
     assert config.max_media_bytes == 25 * 1024 * 1024 and config.dm_policy == "pairing"
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "parley.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
 
 # --- the adapter against the fake Discord --------------------------------------------------
 

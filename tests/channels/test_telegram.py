@@ -24,15 +24,6 @@ from gateway.kernel.values import COMMAND_DESCRIPTIONS
 from tests.fakes.telegram_server import TOKEN, FakeTelegram
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "data" / "parley.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
 class FlakyBus(MessageBus):
     """Fails to store the first ``failures`` messages, like a locked or full database."""
 
