@@ -16,10 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from channels import local_log
+from channels import local, local_log
+from channels.base import ChannelDeps
 from channels.local import MAX_RECORDS_PER_CHAT, LocalChannel, parse_poll_query
 from gateway.kernel.bus import MessageBus
-from gateway.kernel.config import LocalChannelConfig
+from gateway.kernel.config import LocalChannelConfig, parse_config
 from gateway.kernel.store import Store
 from tests.channels.conftest import make_channel
 from tests.channels.test_local import reply
@@ -211,10 +212,13 @@ async def test_replies_and_seq_outlive_the_channel_with_a_store(
     once old rows are pruned."""
     monkeypatch.setattr(local_log, "MAX_KEPT", 3)
     monkeypatch.setattr(local_log, "PRUNE_EVERY", 2)
-    config = LocalChannelConfig.model_validate({})
+    config = parse_config({"workspace": str(tmp_path / "ws"), "data_dir": str(tmp_path),
+                           "channels": {"local": {"port": 0}}}, env={})
 
     async def channel() -> LocalChannel:
-        made = LocalChannel(config, bus, workspace=tmp_path, serve_http=False, store=store)
+        """Made as the gateway makes it (``create``), which hands over the store."""
+        made = local.create(ChannelDeps(config=config, bus=bus, store=store,
+                                        data_path=config.data_path, health=dict))
         await made.start()
         return made
 
