@@ -276,19 +276,25 @@ def texts(chunks: list[Any]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks)
 
 
-async def test_the_first_chunk_arrives_while_the_model_still_writes(
-        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
-    rest = Gate()
-    text = "Hello there, general Kenobi."
-    llm.reply(text, pieces=["Hello ", "there, ", "general Kenobi."], pauses={2: rest})
+async def first_text(client: openai.AsyncOpenAI, user: str,
+                     text: str) -> tuple[Any, list[Any]]:
+    """A streamed request, read up to its first chunk with text: the stream and the chunks."""
     stream = await client.chat.completions.create(
-        model="parley", messages=[{"role": "user", "content": "hi"}], user="live",
-        stream=True)
+        model="parley", messages=[{"role": "user", "content": text}], user=user, stream=True)
     chunks = []
     async for c in stream:
         chunks.append(c)
         if texts(chunks):
             break
+    return stream, chunks
+
+
+async def test_the_first_chunk_arrives_while_the_model_still_writes(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
+    rest = Gate()
+    text = "Hello there, general Kenobi."
+    llm.reply(text, pieces=["Hello ", "there, ", "general Kenobi."], pauses={2: rest})
+    stream, chunks = await first_text(client, "live", "hi")
     assert texts(chunks) == "Hello"  # trailing space waits for the text after it
     assert llm.in_flight == 1 and not rest.released  # the model is still writing
     rest.release()
@@ -303,16 +309,11 @@ async def test_a_tool_call_between_streamed_text_still_runs(
     rest = Gate()
     llm.tool_call("write_file", {"path": "notes/a.md", "content": "x\n"})
     llm.reply("Saved it for you.", pieces=["Saved ", "it for you."], pauses={2: rest})
-    stream = await client.chat.completions.create(
-        model="parley", messages=[{"role": "user", "content": "save"}], user="tool",
-        stream=True)
-    first = await anext(aiter(stream))
-    while not (first.choices[0].delta.content or ""):
-        first = await anext(aiter(stream))
-    assert first.choices[0].delta.content == "Saved"
+    stream, chunks = await first_text(client, "tool", "save")
+    assert texts(chunks) == "Saved"
     assert llm.in_flight == 1  # the second model call, still writing
     rest.release()
-    chunks = [first, *[c async for c in stream]]
+    chunks += [c async for c in stream]
     assert texts(chunks) == "Saved it for you."
     assert (gateway.config.workspace_path / "notes/a.md").read_text() == "x\n"
     assert [c for r, c in await stored(gateway, "openai:tool")
@@ -326,14 +327,7 @@ async def test_text_taken_back_after_it_was_sent_stays_and_the_answer_follows_wh
     held = Gate()
     llm.tool_call("list_dir", {"path": "."}, text="Let me look.", pauses={1: held})
     llm.reply("Two files.")
-    stream = await client.chat.completions.create(
-        model="parley", messages=[{"role": "user", "content": "what is here"}], user="back",
-        stream=True)
-    chunks = []
-    async for c in stream:
-        chunks.append(c)
-        if texts(chunks):
-            break
+    stream, chunks = await first_text(client, "back", "what is here")
     assert texts(chunks) == "Let me look."
     held.release()
     chunks += [c async for c in stream]

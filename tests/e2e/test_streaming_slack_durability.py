@@ -9,11 +9,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import yaml
 
 from channels.slack_convert import plan_parts
 from tests.e2e.test_durability import _drain_stderr, _start_gateway
-from tests.e2e.test_streaming_durability import _kill_9, _recorded, _second_run
+from tests.e2e.test_streaming_durability import _kill_9, _recorded, _second_run, write_config
 from tests.e2e.waiting import until
 from tests.fakes.openai_server import Gate, ScriptedLLM
 from tests.fakes.slack_server import FakeSlack
@@ -26,15 +25,9 @@ ANSWER = "The plan: pack tonight, take the 08:15 train, lunch in Lyon, back by n
 async def test_kill_9_mid_stream_leaves_one_complete_answer(tmp_path: Path,
                                                             llm: ScriptedLLM) -> None:
     async with FakeSlack() as slack:
-        config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump({
-            "workspace": "ws", "data_dir": "data",
-            "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
-                      "retry_backoff": "0.01s"},
-            "channels": {"local": {"port": 0}, "slack": {
-                "enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-                "api_base": slack.api_base, "allow_from": [OWNER],
-                "streaming": {"enabled": True, "interval": 0, "min_chars": 0}}}}))
+        config = write_config(tmp_path, llm, "slack", {
+            "bot_token": slack.bot_token, "app_token": slack.app_token,
+            "api_base": slack.api_base, "allow_from": [OWNER]})
         never = Gate()  # the model is still writing when the gateway dies
         llm.reply(ANSWER, pieces=[ANSWER[:20], ANSWER[20:]], pauses={2: never})
         proc, _ = await _start_gateway(config)
