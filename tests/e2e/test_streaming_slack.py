@@ -13,6 +13,7 @@ import pytest
 from channels.slack_convert import plan_parts
 from gateway.app import Gateway
 from tests.conftest import MakeConfig
+from tests.e2e.waiting import until
 from tests.fakes.clock import FakeClock
 from tests.fakes.openai_server import Gate, ScriptedLLM
 from tests.fakes.slack_server import FakeSlack
@@ -42,7 +43,7 @@ async def test_one_message_updated_in_place_then_the_final(
         make_config: MakeConfig, slack: FakeSlack, llm: ScriptedLLM) -> None:
     second, third = Gate(), Gate()
     llm.reply(ANSWER, pieces=PIECES, pauses={2: second, 3: third})
-    async with Gateway(config(make_config, slack), grace=2.0):
+    async with Gateway(config(make_config, slack), grace=2.0) as gw:
         await slack.say(OWNER, DM, "plan it")
         [first] = await slack.wait_posts(DM)
         assert llm.in_flight == 1  # shown while the model still writes
@@ -51,7 +52,11 @@ async def test_one_message_updated_in_place_then_the_final(
         await slack.wait_for(lambda: len(first.edits) >= 1)
         third.release()
         await slack.wait_for(lambda: first.text == FINAL)
+        await slack.wait_for(lambda: not slack._pending)  # every event delivered
+        await until(lambda: gw.manager.channels["slack"].handled >= 1 + len(first.edits),
+                    "the edits' message_changed events read (and ignored)")
     assert slack.posts[DM] == [first] and len(first.edits) >= 2
+    assert llm.calls == 1  # an edit is not a new message to answer
     assert "lunch in *Lyon*" in first.text  # mrkdwn, as a reply is rendered
 
 

@@ -291,6 +291,11 @@ class FakeSlack:
             return {"error": "msg_too_long"}
         post.edits.append(post.text)
         post.text = text
+        if self.echo:  # Slack tells the app about the edit, as a hidden message_changed
+            await self.event({"type": "message", "subtype": "message_changed", "hidden": True,
+                              "channel": post.channel, "ts": self.next_ts(),
+                              "message": {"type": "message", "user": BOT_USER,
+                                          "bot_id": BOT_ID, "text": text, "ts": post.ts}})
         return {"channel": post.channel, "ts": post.ts, "text": text}
 
     async def _m_chat_delete(self, args: dict[str, Any]) -> dict[str, Any]:
