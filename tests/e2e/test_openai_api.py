@@ -106,6 +106,25 @@ async def test_a_tool_call_runs(client: openai.AsyncOpenAI, llm: ScriptedLLM,
     assert "exec" in tools  # the token's holder counts as the owner
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_sent_by_the_message_tool_answers_the_request(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway, stream: bool) -> None:
+    """The agent answers through ``message`` (the current chat) instead of its final reply:
+    the request gets that message, not a timeout."""
+    llm.tool_call("load_tools", {"names": ["message"]})
+    llm.tool_call("message", {"text": "Here it is, sent myself."})
+    llm.reply("(sent above)")
+    asked = [{"role": "user", "content": "send it"}]
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(
+            model="parley", messages=asked, user="m", stream=True)]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    else:
+        answer = await client.chat.completions.create(model="parley", messages=asked, user="m")
+        text = answer.choices[0].message.content or ""
+    assert text == "Here it is, sent myself."
+
+
 async def test_streamed_chunks_concatenate_to_the_stored_answer(
         client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
     text = "A long answer, " * 20 + "with **markdown** and ünïcödé."
