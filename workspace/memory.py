@@ -42,6 +42,7 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 from gateway.kernel.config import MemoryConfig
+from gateway.kernel.fts import cjk_grams
 from workspace.bootstrap import MEMORY_FILE
 from workspace.memory_files import (
     across_processes,
@@ -307,7 +308,7 @@ class MemoryStore:
             return []
         with self._index_lock:
             self.index.sync(self._scan(), self._load)
-            ranked = self.index.search(list(dict.fromkeys(terms)), k,
+            ranked = self.index.search(cjk_grams(terms), k,
                                        leave_out=self.scope.facts if sources == "logs" else None)
         return [Hit(r.path, r.text, r.score, r.line) for r in ranked]
 

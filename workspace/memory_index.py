@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.kernel.fts import like_pattern, match_expr, tokenizer, trigram_terms
+from gateway.kernel.fts import like_pattern, match_expr, quote, tokenizer, trigram_terms
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +73,10 @@ class MemoryIndex:
         self._size = 0
         """Summed length of the real rows' bodies (for the prior rows' length)."""
         self._rows = 0
+        self._prior = 0
+        """The prior rows' length, 0 before they exist."""
+        self._df: dict[str, int] = {}
+        """Rows matching each query word seen since the table last changed."""
 
     def sync(self, found: Sequence[tuple[str, Path, Signature]],
              load: Callable[[str, Path], tuple[Doc, ...] | None]) -> None:
@@ -81,7 +85,7 @@ class MemoryIndex:
         state = tuple((rel, sig) for rel, _, sig in found)
         if state == self._synced or not TOKENIZER:
             return
-        complete = True
+        complete, changed = True, 0
         with self._db:
             present = {rel for rel, _, _ in found}
             for rel in [r for r in self._files if r not in present]:
@@ -97,7 +101,11 @@ class MemoryIndex:
                     continue
                 self._files[rel] = (sig, *self._insert(docs))
                 self.files_indexed += 1
+                changed += 1
             self._reset_prior()
+            self._df.clear()
+            if changed:  # one b-tree segment again: queries on a fragmented index cost ~3x
+                self._db.execute("INSERT INTO para (para) VALUES ('optimize')")
         self._synced = state if complete else None
 
     def forget(self, rel: str) -> None:
@@ -127,6 +135,9 @@ class MemoryIndex:
 
     def _reset_prior(self) -> None:
         average = round(self._size / self._rows) if self._rows else 1
+        if self._prior and abs(average - self._prior) * 8 <= self._prior:
+            return  # within an eighth: left as they are (each rewrite costs index segments)
+        self._prior = average
         filler = "." * max(3, average) if TOKENIZER == "trigram" else " ".join(["x"] * average)
         self._db.execute("DELETE FROM para WHERE rowid <= 0")
         self._db.executemany("INSERT INTO para (rowid, body, path, line, text) "
@@ -143,6 +154,12 @@ class MemoryIndex:
         long, short = trigram_terms(terms) if trigram else (list(terms), [])
         if len(long) > MAX_QUERY_TERMS:  # a pasted page: its longest words carry the score
             long = sorted(long, key=lambda t: (-len(t), t))[:MAX_QUERY_TERMS]
+        # a word in half the rows or more has no weight in bm25 (FTS5's idf is floored at
+        # 1e-6 there) but costs the most to rank: counted once, then left out of the query
+        rows_total = self._rows + PRIOR_DOCS
+        long = [t for t in long if 2 * self._count(t, prefix=not trigram) < rows_total]
+        if not long and not short:
+            return []
         skip = " AND path != ?" if leave_out is not None else ""
         extra = (leave_out,) if leave_out is not None else ()
         if long:
@@ -157,6 +174,15 @@ class MemoryIndex:
                 "ORDER BY path DESC, line LIMIT ?",
                 (*(like_pattern(t) for t in short), *extra, k)).fetchall()
         return [Ranked(float(r[0]), r[1], int(r[2]), r[3]) for r in rows]
+
+
+    def _count(self, term: str, *, prefix: bool) -> int:
+        count = self._df.get(term)
+        if count is None:
+            count = self._db.execute("SELECT count(*) FROM para WHERE para MATCH ?",
+                                     (quote(term, prefix=prefix),)).fetchone()[0]
+            self._df[term] = count
+        return count
 
 
 def _length(body: str) -> int:

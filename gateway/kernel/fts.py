@@ -61,6 +61,23 @@ def like_pattern(term: str) -> str:
     return "%" + re.sub(r"([%_\\])", r"\\\1", term) + "%"
 
 
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+def cjk_grams(terms: Iterable[str]) -> list[str]:
+    """``terms`` with each longer run of CJK text (written without spaces, so one ``\\w``
+    run is a whole sentence) replaced by its overlapping trigrams: a sentence then finds the
+    notes sharing its words, best those sharing the most."""
+    out: list[str] = []
+    for term in terms:
+        if len(term) > MIN_TRIGRAM_CHARS and _CJK.search(term):
+            out.extend(term[i:i + MIN_TRIGRAM_CHARS]
+                       for i in range(len(term) - MIN_TRIGRAM_CHARS + 1))
+        else:
+            out.append(term)
+    return list(dict.fromkeys(out))
+
+
 def trigram_terms(terms: Iterable[str]) -> tuple[list[str], list[str]]:
     """``terms`` split into those a trigram index can match and the shorter ones."""
     long: list[str] = []
