@@ -90,6 +90,7 @@ class MemoryIndex:
             present = {rel for rel, _, _ in found}
             for rel in [r for r in self._files if r not in present]:
                 self._drop(rel)
+                changed += 1
             for rel, path, sig in found:
                 cached = self._files.get(rel)
                 if cached is not None and cached[0] == sig:
