@@ -34,7 +34,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -165,6 +165,8 @@ class MemoryStore:
         self._clock = clock
         self._listing: tuple[Signature, float, list[tuple[str, Path, Signature]]] | None = None
         """The daily logs as last listed: (folder signature, when, entries sorted by name)."""
+        self._listings = 0
+        """Full listings so far: a new one may have found any log changed."""
         self._write_lock = write_lock_for(workspace.expanduser().resolve())
         self._index_lock = threading.Lock()
         self.index = MemoryIndex()
@@ -227,9 +229,10 @@ class MemoryStore:
 
     # index --------------------------------------------------------------------------------
 
-    def _scan(self) -> list[tuple[str, Path, Signature]]:
-        """The facts file and the daily logs, sorted (the facts are always indexed, so the
-        ranking does not depend on which searches came before)."""
+    def _scan(self) -> tuple[list[tuple[str, Path, Signature]], Hashable]:
+        """The facts file and the daily logs (the facts are always indexed, so the ranking
+        does not depend on which searches came before), and a key that changes whenever what
+        ``_logs`` reports does: the facts' signature, the listing, the newest logs'."""
         found: list[tuple[str, Path, Signature]] = []
         facts = self.scope.facts
         path = self.workspace / facts
@@ -237,9 +240,11 @@ class MemoryStore:
             st = path.stat(follow_symlinks=False)
             if path.is_file():
                 found.append((facts, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
-        found.extend(self._logs())
-        found.sort()
-        return found
+        logs = self._logs()
+        key = (found[0][2] if found else None, self._listings,
+               tuple(sig for _, _, sig in logs[-RECENT_LOGS:]))
+        found.extend(logs)
+        return found, key
 
     def _logs(self) -> list[tuple[str, Path, Signature]]:
         """The daily logs and their signatures, without a ``stat`` of every one every turn
@@ -284,6 +289,7 @@ class MemoryStore:
             pass
         entries.sort()
         self._listing = (folder_sig, now, entries)
+        self._listings += 1
         return list(entries)
 
     @staticmethod
@@ -307,7 +313,7 @@ class MemoryStore:
         if not terms or k < 1:
             return []
         with self._index_lock:
-            self.index.sync(self._scan(), self._load)
+            self.index.sync(*self._scan(), self._load)
             ranked = self.index.search(cjk_grams(terms), k,
                                        leave_out=self.scope.facts if sources == "logs" else None)
         return [Hit(r.path, r.text, r.score, r.line) for r in ranked]

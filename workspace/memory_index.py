@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +68,7 @@ class MemoryIndex:
                              f"line UNINDEXED, text UNINDEXED, tokenize='{TOKENIZER}')")
         self._files: dict[str, tuple[Signature, list[int], int]] = {}
         """Per file: its signature when indexed, its rows, their summed body length."""
-        self._synced: tuple[tuple[str, Signature], ...] | None = None
+        self._synced: Hashable = None
         self._next_rowid = 1
         self._size = 0
         """Summed length of the real rows' bodies (for the prior rows' length)."""
@@ -78,12 +78,12 @@ class MemoryIndex:
         self._df: dict[str, int] = {}
         """Rows matching each query word seen since the table last changed."""
 
-    def sync(self, found: Sequence[tuple[str, Path, Signature]],
+    def sync(self, found: Sequence[tuple[str, Path, Signature]], key: Hashable,
              load: Callable[[str, Path], tuple[Doc, ...] | None]) -> None:
-        """Bring the table in step with ``found`` (every file of the scope, sorted); ``load``
+        """Bring the table in step with ``found`` (every file of the scope); ``key`` changes
+        whenever ``found`` may have (the same key as last time: nothing to look at); ``load``
         parses one file, None when it vanished since it was listed (tried again next time)."""
-        state = tuple((rel, sig) for rel, _, sig in found)
-        if state == self._synced or not TOKENIZER:
+        if key == self._synced or not TOKENIZER:
             return
         complete, changed = True, 0
         with self._db:
@@ -107,7 +107,7 @@ class MemoryIndex:
             self._df.clear()
             if changed:  # one b-tree segment again: queries on a fragmented index cost ~3x
                 self._db.execute("INSERT INTO para (para) VALUES ('optimize')")
-        self._synced = state if complete else None
+        self._synced = key if complete else None
 
     def forget(self, rel: str) -> None:
         """Re-read ``rel`` on the next sync (this store just wrote it)."""
@@ -149,7 +149,7 @@ class MemoryIndex:
                ) -> list[Ranked]:
         """The ``k`` best paragraphs for ``terms`` (distinct query words, stopwords gone), best
         first, ties by path then line; ``leave_out``: a file not to return."""
-        if not TOKENIZER or not terms:
+        if not TOKENIZER or not terms or not self._rows:
             return []
         trigram = TOKENIZER == "trigram"
         long, short = trigram_terms(terms) if trigram else (list(terms), [])
