@@ -45,7 +45,8 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
     row = {k: v for k, v in snapshot.items() if k not in FRAME_TOP}
     layers = snapshot.get("layers")
     if isinstance(layers, dict):
-        frame["layers"] = {k: (None if k in TURN_LAYERS else v) for k, v in layers.items()}
+        # pairs: the frame's JSON sorts keys, the layers' order is the prompt's
+        frame["layers"] = [[k, None if k in TURN_LAYERS else v] for k, v in layers.items()]
         row["layers"] = {k: v for k, v in layers.items() if k in TURN_LAYERS}
     inputs = snapshot.get("inputs")
     if isinstance(inputs, dict):
@@ -78,7 +79,7 @@ def expand(row: dict[str, Any], frames: dict[str, str]) -> dict[str, Any]:
     out = {**frame.get("top", {}), **row}
     if "layers" in frame:  # the turn's order, the turn's values
         own = row.get("layers") or {}
-        out["layers"] = {k: own.get(k, v) for k, v in frame["layers"].items()}
+        out["layers"] = {k: own.get(k, v) for k, v in frame["layers"]}
     if isinstance(row.get("inputs"), dict):
         inputs = {**frame.get("inputs", {}), **row["inputs"]}
         if isinstance(inputs.get("inbound"), dict):

@@ -57,3 +57,10 @@ async def test_snapshots_read_back_whole_and_the_frame_is_stored_once(
     assert all(s["texts"]["system"] and s["inputs"]["inbound"]["thread_id"] is None
                for s in snaps)
     assert len({r[0].split(f'"{FRAME}":')[1] for r in rows}) == 1  # one frame for all three
+
+
+def test_the_layers_keep_the_prompts_order() -> None:
+    original = snapshot(3)
+    original["layers"] = {"z": 1, "history": 5, "a": 2, "user": 1}
+    row, texts = fold(copy.deepcopy(original), {})
+    assert list(expand(row, texts)["layers"]) == ["z", "history", "a", "user"]
