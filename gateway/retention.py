@@ -18,6 +18,7 @@ from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.events import utcnow
 from gateway.kernel.store import Store
 from gateway.kernel.store_retention import Removed, policy_of, prune_store
+from gateway.periodic import run_every
 
 _log = logging.getLogger(__name__)
 
@@ -61,12 +62,4 @@ class Retention:
         return total
 
     async def _run(self) -> None:
-        every = self.config.sweep_every
-        while True:
-            try:
-                await self.sweep_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                _log.exception("retention failed; tried again in %.0f s", every)
-            await asyncio.sleep(every)
+        await run_every(self.config.sweep_every, self.sweep_once, "retention")
