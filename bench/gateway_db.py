@@ -54,6 +54,25 @@ def stored_bytes(db_path: Path) -> int | None:
     return int((pages - free) * size)
 
 
+TRANSIENT = ("inbox", "outbox", "local_replies")
+"""Tables whose rows retention removes within hours (delivered, answered) or that are
+bounded by count (the local channel's reply log): not what a turn keeps for long."""
+
+
+def table_bytes(db_path: Path) -> dict[str, int] | None:
+    """Bytes per table, its indexes included (SQLite's ``dbstat``), as a reader sees them."""
+    from gateway.kernel.store_retention import table_sizes
+
+    try:
+        con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        return table_sizes(con) or None
+    finally:
+        con.close()
+
+
 def split_by_compaction(samples_ms: list[float], calls: list[int] | None,
                         plain_calls: int = 1) -> dict[str, Any] | None:
     """Turn latency of the turns that made a summary call inside the turn (more model calls

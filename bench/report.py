@@ -113,9 +113,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
         stored = _get(r, f"turns.{kind}.stored_bytes_per_turn")
         if stored:
             add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "
-                f"{stored['all']:,} B)", stored["second_half"], "{:,.0f} B",
-                "≤ 1,536 B" if kind == "plain" else "",
-                (lambda v: v <= 1536) if kind == "plain" else None)
+                f"{stored['all']:,} B)", stored["second_half"], "{:,.0f} B", "", None)
+            if "kept_second_half" in stored:
+                add("11", f"{kind}: of which kept past retention's hours (no inbox, outbox, "
+                    "local reply log)", stored["kept_second_half"], "{:,.0f} B",
+                    "≤ 1,536 B" if kind == "plain" else "",
+                    (lambda v: v <= 1536) if kind == "plain" else None)
     for kind in ("plain", "tool"):
         change = _get(r, f"turns.{kind}.first_vs_last.change")
         first = _get(r, f"turns.{kind}.first_vs_last.first_p50_ms")
