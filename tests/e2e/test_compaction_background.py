@@ -69,3 +69,39 @@ async def test_a_200_turn_chat_never_waits_for_a_summary_while_it_fits(
     assert background.waited == 0  # no turn waited for a summary
     last = llm.last_request["messages"]
     assert str(last[1]["content"]).endswith(entry.summary)
+
+
+async def test_a_shutdown_mid_summary_loses_nothing(make_config: MakeConfig,
+                                                   llm: ScriptedLLM) -> None:
+    """The background summary is held when the gateway stops: it is cancelled, nothing of it
+    is stored, the history stays whole, and after the restart the chat goes on."""
+    turns = itertools.count(1)
+    gate = asyncio.Event()
+    held: list[dict[str, Any]] = []
+
+    async def respond(body: dict[str, Any]) -> str:
+        if is_summary_call(body):
+            held.append(body)
+            await gate.wait()
+            return "SUMMARY: numbered questions."
+        if is_flush_call(body):
+            return "NO_REPLY"
+        return f"reply {next(turns)}"
+
+    llm.respond_with(respond)
+    config = make_config(agent={"context": {"max_recent_messages": 6, "compaction": {
+        "memory_flush": False}}})
+    async with Gateway(config, grace=0.2) as gw:
+        for i in range(1, 5):
+            assert await gw.local.ask("c1", f"number {i}", timeout=10) == f"reply {i}"
+        await until(lambda: bool(held), "the background summary call")
+    # stopped with the summary held
+    assert not gate.is_set()
+    gate.set()
+    async with Gateway(config) as gw:
+        assert gw.store is not None
+        session = await gw.store.active_session("local:c1")
+        assert session.message_count == 8  # the history, whole
+        assert await gw.store.compaction(session.id) is None  # nothing of the cancelled one
+        assert await gw.local.ask("c1", "number 5", timeout=10) == "reply 5"
+        assert len(held) >= 2  # summarised again after the restart, by that turn or after
