@@ -42,6 +42,10 @@ class BackgroundCompaction:
         self.max_recent_messages = max_recent_messages
         self._locks: dict[int, asyncio.Lock] = {}
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._pending: dict[int, tuple[TurnContext, Compaction | None]] = {}
+        """Per session: the summary to make once its running flush is done (ctx, seen)."""
+        self._flushing: dict[int, bool] = {}
+        """Per session running: whether it is a flush only."""
         self.started = 0
         """Background summaries started (for tests and status)."""
         self.waited = 0
@@ -71,17 +75,34 @@ class BackgroundCompaction:
         return (built.history_total > share * built.history_room
                 or history_messages + 2 > self.max_recent_messages)
 
-    def start(self, ctx: TurnContext, *, flush_only: bool = False) -> None:
+    def start(self, ctx: TurnContext, seen: Compaction | None, *,
+              flush_only: bool = False) -> None:
         """Summarise ``ctx``'s session in the background (``flush_only``: only the memory
-        flush that comes before it, at ``memory_flush_at_share``), unless one of it runs."""
+        flush that comes before it, at ``memory_flush_at_share``). While one of the session
+        runs: a summary asked for while a flush runs follows it; anything else asked for
+        meanwhile is what runs already (a summary starts a new cycle: its flush is moot).
+        ``seen``: the summary the turn was built on; if another one is stored by the time
+        this would run, the turn's view is stale and nothing is done."""
         sid = ctx.session_id
-        if not self.compaction.enabled or sid in self._running:
+        if not self.compaction.enabled:
+            return
+        if sid in self._running:
+            if self._flushing.get(sid) and not flush_only:
+                self._pending[sid] = (ctx, seen)
             return
         self.started += 1
         own = replace(ctx, turn_id=new_id(), notes=TurnNotes())
-        task = self.tasks.spawn(self._run(own, flush_only), name=f"compaction-{sid}")
+        task = self.tasks.spawn(self._run(own, seen, flush_only), name=f"compaction-{sid}")
         self._running[sid] = task
-        task.add_done_callback(lambda _t: self._running.pop(sid, None))
+        self._flushing[sid] = flush_only
+        task.add_done_callback(lambda _t: self._next(sid))
+
+    def _next(self, session_id: int) -> None:
+        self._running.pop(session_id, None)
+        self._flushing.pop(session_id, None)
+        waiting = self._pending.pop(session_id, None)
+        if waiting is not None:
+            self.start(waiting[0], waiting[1])
 
     @property
     def idle(self) -> bool:
@@ -106,9 +127,11 @@ class BackgroundCompaction:
                 return latest
             return await self.compaction.before_turn(ctx, latest)
 
-    async def _run(self, ctx: TurnContext, flush_only: bool) -> None:
+    async def _run(self, ctx: TurnContext, seen: Compaction | None, flush_only: bool) -> None:
         async with self.lock(ctx.session_id):
             previous = await self.store.compaction(ctx.session_id)
+            if (previous.id if previous else None) != (seen.id if seen else None):
+                return  # a summary landed since the turn looked: its view is stale
             try:
                 if flush_only:
                     await self.compaction.flush_early(ctx, previous)

@@ -237,7 +237,8 @@ class TurnFlow:
             self.prompt_cut.check(turn.built, result)
             outcome = await self._record_and_deliver(turn, result)
             if turn.after is not None:  # answered: the summary is made for the next turn
-                self.background.start(turn.ctx, flush_only=turn.after == "flush")
+                self.background.start(turn.ctx, turn.compaction,
+                                      flush_only=turn.after == "flush")
         finally:
             if turn.stream is not None:
                 turn.stream.close(outcome)
