@@ -366,7 +366,30 @@ def _sent_as_image(media: Media) -> bool:
     return media.kind == "image" and media.path is not None and media.text is None
 
 
+MESSAGE_TEXTS_KEPT = 8192
+"""Messages whose serialised form is remembered for the hash (a session's history is the same
+dicts turn after turn: ``agent/history.py``); message dicts are never changed once built."""
+_message_texts: dict[int, tuple[dict[str, Any], bytes]] = {}
+
+
+def _message_text(message: dict[str, Any]) -> bytes:
+    found = _message_texts.get(id(message))
+    if found is None or found[0] is not message:
+        if len(_message_texts) >= MESSAGE_TEXTS_KEPT:
+            _message_texts.clear()
+        found = _message_texts[id(message)] = (
+            message, json.dumps(message, sort_keys=True, ensure_ascii=False).encode())
+    return found[1]
+
+
 def context_hash(messages: list[dict[str, Any]]) -> str:
-    """The fingerprint of exactly what the model is sent (stable key order)."""
-    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
-                          .encode()).hexdigest()
+    """The fingerprint of exactly what the model is sent (stable key order): the SHA-256 of
+    ``json.dumps(messages, sort_keys=True, ensure_ascii=False)``, fed a message at a time so
+    the history's messages are serialised once, not on every turn (issue 24)."""
+    digest = hashlib.sha256(b"[")
+    for i, message in enumerate(messages):
+        if i:
+            digest.update(b", ")
+        digest.update(_message_text(message))
+    digest.update(b"]")
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ from gateway.cli_backup import backup
 from gateway.cli_common import ConfigOpt, err, load, run_sync, say
 from gateway.cli_config import config_check
 from gateway.cli_cron import cron_app
+from gateway.cli_db import db_app
 from gateway.cli_doctor import doctor
 from gateway.cli_inspect import context_app, sessions_app, status
 from gateway.cli_onboard import ONBOARD_CONFIG, onboard
@@ -144,6 +145,7 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(context_app, name="context")
 app.add_typer(pairing_app, name="pairing")
 app.add_typer(cron_app, name="cron")
+app.add_typer(db_app, name="db")  # issue 24: db stats / db vacuum (gateway/cli_db.py)
 app.command("usage")(usage_command)
 app.command("backup")(backup)
 

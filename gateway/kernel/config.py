@@ -55,6 +55,7 @@ from gateway.kernel.config_fields import (
     Section,
     parse_duration,
 )
+from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
 
@@ -87,6 +88,7 @@ class Config(Section):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     logging: LoggingConfig = LoggingConfig()
+    retention: RetentionConfig = RetentionConfig()  # issue 24: gateway/retention.py
 
     _source: Path | None = PrivateAttr(None)
 
