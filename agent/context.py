@@ -22,6 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
+from agent.json_memo import IdentityMemo
 from agent.snapshots import text_hash
 from agent.system_prompt import (
     BUILTIN_SKILLS,
@@ -366,20 +367,8 @@ def _sent_as_image(media: Media) -> bool:
     return media.kind == "image" and media.path is not None and media.text is None
 
 
-MESSAGE_TEXTS_KEPT = 8192
-"""Messages whose serialised form is remembered for the hash (a session's history is the same
-dicts turn after turn: ``agent/history.py``); message dicts are never changed once built."""
-_message_texts: dict[int, tuple[dict[str, Any], bytes]] = {}
-
-
-def _message_text(message: dict[str, Any]) -> bytes:
-    found = _message_texts.get(id(message))
-    if found is None or found[0] is not message:
-        if len(_message_texts) >= MESSAGE_TEXTS_KEPT:
-            _message_texts.clear()
-        found = _message_texts[id(message)] = (
-            message, json.dumps(message, sort_keys=True, ensure_ascii=False).encode())
-    return found[1]
+_message_text = IdentityMemo(
+    lambda message: json.dumps(message, sort_keys=True, ensure_ascii=False).encode())
 
 
 def context_hash(messages: list[dict[str, Any]]) -> str:

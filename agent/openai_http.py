@@ -28,6 +28,7 @@ from agent.errors import (
     ProviderError,
     ProviderUnavailable,
 )
+from agent.json_memo import IdentityMemo
 from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -331,20 +332,8 @@ def _status_error(status: int | None, raw: bytes, headers: Any, model: str) -> P
 
 # -- the request body, each history message serialised once (issue 24) ------------------------
 
-PARTS_KEPT = 8192
-"""Messages (and tool lists) whose compact JSON is remembered by identity: a session's history
-is the same dicts turn after turn (``agent/history.py``); they are never changed once built."""
-_parts: dict[int, tuple[Any, bytes]] = {}
-
-
-def _part(value: Any) -> bytes:
-    found = _parts.get(id(value))
-    if found is None or found[0] is not value:
-        if len(_parts) >= PARTS_KEPT:
-            _parts.clear()
-        found = _parts[id(value)] = (
-            value, json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
-    return found[1]
+_part = IdentityMemo(
+    lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def encode_body(body: dict[str, Any]) -> bytes:

@@ -62,10 +62,9 @@ class MemoryIndex:
 
     def __init__(self) -> None:
         self.files_indexed = 0
-        self._db = sqlite3.connect(":memory:", check_same_thread=False)
-        if TOKENIZER:
-            self._db.execute("CREATE VIRTUAL TABLE para USING fts5(body, path UNINDEXED, "
-                             f"line UNINDEXED, text UNINDEXED, tokenize='{TOKENIZER}')")
+        self._conn: sqlite3.Connection | None = None
+        """Opened with the first file to index: a scope with no notes (most people's) costs
+        no SQLite connection."""
         self._files: dict[str, tuple[Signature, list[int], int]] = {}
         """Per file: its signature when indexed, its rows, their summed body length."""
         self._synced: Hashable = None
@@ -78,12 +77,28 @@ class MemoryIndex:
         self._df: dict[str, int] = {}
         """Rows matching each query word seen since the table last changed."""
 
+    @property
+    def opened(self) -> bool:
+        """Whether this scope's table exists (it does once a file was indexed)."""
+        return self._conn is not None
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+            self._conn.execute("CREATE VIRTUAL TABLE para USING fts5(body, path UNINDEXED, "
+                               f"line UNINDEXED, text UNINDEXED, tokenize='{TOKENIZER}')")
+        return self._conn
+
     def sync(self, found: Sequence[tuple[str, Path, Signature]], key: Hashable,
              load: Callable[[str, Path], tuple[Doc, ...] | None]) -> None:
         """Bring the table in step with ``found`` (every file of the scope); ``key`` changes
         whenever ``found`` may have (the same key as last time: nothing to look at); ``load``
         parses one file, None when it vanished since it was listed (tried again next time)."""
         if key == self._synced or not TOKENIZER:
+            return
+        if not found and not self._files:  # nothing to index, nothing indexed
+            self._synced = key
             return
         complete, changed = True, 0
         with self._db:

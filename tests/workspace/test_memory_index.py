@@ -99,6 +99,8 @@ def test_each_scope_has_its_own_index(tmp_path: Path) -> None:
     ann.remember("My locker code is 7731, the blue locker.", kind="log", when=WHEN)
     assert ann.search("locker code")
     assert bob.search("locker code") == [] and bob.index is not ann.index
+    bob.recall("locker code", counter=COUNTER)
+    assert ann.index.opened and not bob.index.opened  # no notes: no SQLite connection held
 
 
 def test_fallback_without_trigram_matches_words_and_plurals(
