@@ -13,8 +13,6 @@ message): the clock is the message's ``received_at``, so a turn can be replayed 
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
-from agent.json_memo import IdentityMemo
+from agent.fingerprint import context_hash
 from agent.snapshots import text_hash
 from agent.system_prompt import (
     BUILTIN_SKILLS,
@@ -365,20 +363,3 @@ class ContextBuilder:
 def _sent_as_image(media: Media) -> bool:
     """An image file the model gets as an image: not one ``agent/media`` put into words."""
     return media.kind == "image" and media.path is not None and media.text is None
-
-
-_message_text = IdentityMemo(
-    lambda message: json.dumps(message, sort_keys=True, ensure_ascii=False).encode())
-
-
-def context_hash(messages: list[dict[str, Any]]) -> str:
-    """The fingerprint of exactly what the model is sent (stable key order): the SHA-256 of
-    ``json.dumps(messages, sort_keys=True, ensure_ascii=False)``, fed a message at a time so
-    the history's messages are serialised once, not on every turn (issue 24)."""
-    digest = hashlib.sha256(b"[")
-    for i, message in enumerate(messages):
-        if i:
-            digest.update(b", ")
-        digest.update(_message_text(message))
-    digest.update(b"]")
-    return digest.hexdigest()

@@ -14,14 +14,19 @@ from dataclasses import dataclass
 
 from gateway.kernel.store import Compaction, Store, StoredMessage
 
-SESSIONS_KEPT = 64
-"""Sessions whose history stays in memory (an idle one is read again when it speaks)."""
+SESSIONS_KEPT = 256
+"""Sessions whose history stays in memory (an idle one is read again when it speaks): more
+than the chats a busy gateway answers at once, or every turn would read and parse its whole
+history again (100 chats in turn evicted each other at 64; bench/)."""
+TOKENS_KEPT = 2_000_000
+"""And at most this many tokens of history held, all sessions together (~8 MB of text)."""
 
 
 @dataclass(slots=True)
 class _Held:
     start: int
     rows: list[StoredMessage]
+    tokens: int
 
 
 class HistoryCache:
@@ -29,6 +34,7 @@ class HistoryCache:
         self.store = store
         self.limit = limit
         self._held: OrderedDict[int, _Held] = OrderedDict()
+        self._tokens = 0
 
     async def history(self, session_id: int,
                       compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
@@ -42,8 +48,14 @@ class HistoryCache:
             after = held.rows[-1].id + 1 if held.rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
             rows = (held.rows + new)[-(self.limit + 1):] if new else held.rows
-        self._held[session_id] = _Held(start, rows)
+        if held is not None:
+            self._tokens -= held.tokens
+        tokens = held.tokens if held is not None and rows is held.rows \
+            else sum(m.tokens for m in rows)
+        self._held[session_id] = _Held(start, rows, tokens)
         self._held.move_to_end(session_id)
-        if len(self._held) > SESSIONS_KEPT:
-            self._held.popitem(last=False)
+        self._tokens += tokens
+        while len(self._held) > 1 and (len(self._held) > SESSIONS_KEPT
+                                       or self._tokens > TOKENS_KEPT):
+            self._tokens -= self._held.popitem(last=False)[1].tokens
         return (rows[1:], True) if len(rows) > self.limit else (rows, False)

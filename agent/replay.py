@@ -71,7 +71,7 @@ async def replay(store: Store, config: Config, session_id: int,
     else:
         base = await _turn_base(store, config, session_id, snapshot, system,
                                 stored[texts["runtime"]])
-    digest = context_hash(base)
+    digest = context_hash(base, like=snapshot["hash"])
     added = [body for _, body in turn[1:]]
     entries = snapshot.get("calls") or [{"added": 0, "shortened": [], "hash": snapshot["hash"]}]
     calls = [_call(base, digest, added, entry, stored) for entry in entries]

@@ -17,20 +17,12 @@ import hashlib
 import json
 from typing import Any
 
+from agent.fingerprint import call_hash
 from agent.runner import Transcript
 
 
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def call_hash(base: str, added: list[dict[str, Any]], shortened: dict[int, Any]) -> str:
-    """A later call's fingerprint: the first call's hash, the messages the turn added since,
-    and the earlier messages the loop replaced (by position)."""
-    data = {"base": base, "added": added,
-            "shortened": [[i, shortened[i]] for i in sorted(shortened)]}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False)
-                          .encode()).hexdigest()
 
 
 class ToolTexts:

@@ -284,23 +284,32 @@ def test_unreadable_image_is_noted(tmp_path: Path, counter: TokenCounter) -> Non
     assert "[image gone.png could not be read" in text_part["text"]
 
 
-def test_context_hash_is_the_hash_of_the_whole_list_serialised_and_follows_new_messages(
-) -> None:
-    """Fed a message at a time with each message's text remembered (issue 24), the hash is
-    still that of ``json.dumps(messages, sort_keys=True)``, and a new message changes it."""
+def test_context_hash_forms() -> None:
+    """The fingerprint is "2:" and the SHA-256 of the messages in sorted-key compact JSON (key
+    order does not change it, a new message does); a stored fingerprint of the first form
+    (bare SHA-256 of ``json.dumps(messages, sort_keys=True)``) gets that form back, and a later
+    call's fingerprint keeps its first call's form."""
     import hashlib
     import json
 
+    import orjson
+
     from agent.context import context_hash
+    from agent.fingerprint import call_hash
 
     history = [{"role": "user", "content": "héllo"},
                {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "b": 2}]}]
-
-    def whole(messages: list[dict[str, Any]]) -> str:
-        return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
-                              .encode()).hexdigest()
-
-    for messages in ([], history, [*history, {"role": "user", "content": "next"}]):
-        assert context_hash(messages) == whole(messages)
+    new = context_hash(history)
+    assert new == "2:" + hashlib.sha256(orjson.dumps(history, option=orjson.OPT_SORT_KEYS)
+                                        ).hexdigest()
+    assert context_hash([{"content": "héllo", "role": "user"}, history[1]]) == new
     assert context_hash([*history, {"role": "user", "content": "a"}]) != \
         context_hash([*history, {"role": "user", "content": "b"}])
+    first = hashlib.sha256(json.dumps(history, sort_keys=True, ensure_ascii=False).encode()
+                           ).hexdigest()
+    assert context_hash(history, like="0" * 64) == first
+    assert context_hash(history, like=new) == new
+    assert call_hash(new, history, {}).startswith("2:")
+    assert call_hash(first, history, {}) == hashlib.sha256(json.dumps(
+        {"base": first, "added": history, "shortened": []}, sort_keys=True,
+        ensure_ascii=False).encode()).hexdigest()

@@ -187,7 +187,7 @@ def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -
     # The inputs differ only in the inbound message's generated id, which the model never sees.
     assert {**again, "inputs": None} == {**first, "inputs": None}
     assert again["inputs"]["history_ids"] == first["inputs"]["history_ids"]
-    assert len(first["hash"]) == 64
+    assert first["hash"].startswith("2:") and len(first["hash"]) == 66
     assert first["session_key"] == "telegram:c42" and first["turn_id"] == "t1"
     assert first["sources"]["history_available"] == 6
     assert first["sources"]["history_kept"] == 6
@@ -195,3 +195,51 @@ def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -
     assert build(builder, history[:2] + history[4:])["hash"] != first["hash"]
     assert build(builder, history, received_at=datetime(2024, 7, 7, tzinfo=UTC))["hash"] \
         != first["hash"]
+
+
+async def test_the_history_cache_reads_only_new_rows_and_stays_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held session reads only the rows written since; sessions beyond the cache's token
+    bound are let go oldest first (and read again whole when they speak)."""
+    from agent import history as history_module
+    from agent.history import HistoryCache
+    from gateway.kernel.store import Store
+    from gateway.kernel.store_sessions import NewMessage
+
+    store = await Store.open(tmp_path / "parley.db")
+    reads: list[tuple[int, int]] = []
+    real = store.recent_messages
+
+    async def counted(session_id: int, limit: int, from_id: int = 0) -> list[StoredMessage]:
+        rows = await real(session_id, limit, from_id)
+        reads.append((session_id, len(rows)))
+        return rows
+
+    monkeypatch.setattr(store, "recent_messages", counted)
+    monkeypatch.setattr(history_module, "TOKENS_KEPT", 250)
+    try:
+        cache = HistoryCache(store, limit=50)
+        sessions = [(await store.active_session(f"local:c{i}")).id for i in range(3)]
+
+        async def say(session_id: int, n: int) -> None:
+            await store.save_turn(session_id=session_id, turn_id=f"t{session_id}-{n}",
+                                  inbound_id=None, messages=[
+                                      NewMessage({"role": "user", "content": f"m{n}"}, 50)])
+
+        for n in range(2):
+            await say(sessions[0], n)
+        rows, more = await cache.history(sessions[0], None)
+        assert [m.body["content"] for m in rows] == ["m0", "m1"] and not more
+        await say(sessions[0], 2)
+        rows, _ = await cache.history(sessions[0], None)
+        assert [m.body["content"] for m in rows] == ["m0", "m1", "m2"]
+        assert reads[-1] == (sessions[0], 1)  # only the new row was read
+        for s in sessions[1:]:  # 150 + 100 + 100 tokens: over 250, the first is let go
+            await say(s, 0)
+            await say(s, 1)
+            await cache.history(s, None)
+        await cache.history(sessions[0], None)
+        assert reads[-1] == (sessions[0], 3)  # read again whole
+        assert cache._tokens <= 250 + 150
+    finally:
+        await store.close()

@@ -370,3 +370,21 @@ def test_the_request_body_is_the_same_json_with_history_messages_serialised_once
                  {"model": "m", "messages": []}, {"model": "m", "input": "no messages"}):
         assert json.loads(encode_body(body)) == body
     assert b"\xc3\xa9" in encode_body({"messages": history})  # UTF-8, not \\u escapes
+
+
+async def test_a_proxy_from_the_environment_is_used_unless_no_proxy(
+        raw: RawServer, make: Callable[..., Provider], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HTTP_PROXY`` (read once, not looked up per request) carries the call to a model host
+    only the proxy can reach; ``NO_PROXY`` naming that host sends it direct (and it fails)."""
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", raw.base_url.removesuffix("/v1"))
+    raw.handlers.append(answer(completion({"content": "through the proxy"})))
+    via = make(api_base="http://model.invalid/v1")
+    assert (await via.complete(HELLO)).content == "through the proxy"
+    assert raw.headers[-1]["Host"] == "model.invalid"
+
+    monkeypatch.setenv("NO_PROXY", "model.invalid")
+    with pytest.raises(ProviderUnavailable):
+        await make(api_base="http://model.invalid/v1").complete(HELLO)
+    assert len(raw.bodies) == 1

@@ -37,6 +37,12 @@ async def test_every_model_call_of_a_turn_replays_after_soul_md_changed(
         assert all(c.matches for c in rebuilt.calls)
         assert json.loads(rebuilt.calls[0].tools or "[]") == json.loads(
             json.dumps(sent[0]["tools"], sort_keys=True))
+        # the same turn as an older Parley stored it (the fingerprints' first form) replays
+        # to a match too, and a changed byte in it does not
+        older = _first_form(snap, sent)
+        assert (await replay(gw.store, config, session.id, older)).matches
+        older["calls"][2]["hash"] = older["calls"][2]["hash"][:-1] + "0"
+        assert not (await replay(gw.store, config, session.id, older)).matches
         # the edited SOUL.md is what the next turn sends; one more row, not one per turn
         llm.reply("bonjour")
         await gw.local.ask("c1", "hello again", timeout=10)
@@ -44,6 +50,27 @@ async def test_every_model_call_of_a_turn_replays_after_soul_md_changed(
         rows = await gw.store.fetchall("SELECT COUNT(*) FROM layer_texts WHERE text LIKE ?",
                                        ("%Always answer in French.%",))
         assert rows[0][0] == 1
+
+
+def _first_form(snap: dict[str, Any], sent: list[dict[str, Any]]) -> dict[str, Any]:
+    """``snap`` with the fingerprints an older Parley computed: SHA-256 of ``json.dumps(...,
+    sort_keys=True, ensure_ascii=False)``, bare, and each later call chained to the first."""
+    import copy
+    import hashlib
+
+    def first(data: Any) -> str:
+        return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()
+                              ).hexdigest()
+
+    old = copy.deepcopy(snap)
+    base = sent[0]["messages"]
+    old["hash"] = first(base)
+    for i, call in enumerate(old["calls"]):
+        added = sent[i]["messages"][len(base):]
+        assert not call.get("shortened")
+        call["hash"] = old["hash"] if i == 0 else first(
+            {"base": old["hash"], "added": added, "shortened": []})
+    return old
 
 
 async def test_a_subagent_run_is_snapshotted_and_replays(make_config: MakeConfig,

@@ -360,7 +360,7 @@ async def test_context_snapshot_is_recorded(client: Client, llm: ScriptedLLM,
     assert snap is not None
     assert snap["session_key"] == "local:c1"
     assert list(snap["layers"])[:2] == ["identity", "SOUL.md"]
-    assert snap["total_tokens"] > 0 and len(snap["hash"]) == 64
+    assert snap["total_tokens"] > 0 and len(snap["hash"]) == 66
 
 
 async def test_no_task_of_ours_survives_stop(make_config: MakeConfig, llm: ScriptedLLM) -> None:
