@@ -106,7 +106,7 @@ def gateway(config_path: ConfigOpt = None) -> None:
     config = _ready(config_path, ports=True)
     _setup_logging(config)
     gw = Gateway(config)
-    run_sync(gw.run_until_signalled(), config)
+    run_sync(gw.run_until_signalled(), config, fast_loop=True)
 
 
 @app.command()

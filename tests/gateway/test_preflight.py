@@ -7,6 +7,8 @@ import socket
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from gateway.kernel.config import parse_config
 from gateway.preflight import disk_problem, explain, free_bytes
 
@@ -53,3 +55,22 @@ def test_too_little_disk_space(tmp_path: Path) -> None:
 
 def test_unknown_failures_are_not_explained(tmp_path: Path) -> None:
     assert explain(ValueError("a bug"), _config(tmp_path)) is None
+
+
+def test_the_gateway_runs_on_uvloop_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import uvloop
+
+    from gateway.cli_common import loop_factory, run_sync
+
+    async def which() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.delenv("PARLEY_EVENT_LOOP", raising=False)
+    assert loop_factory() is uvloop.new_event_loop
+    assert run_sync(which(), fast_loop=True).startswith("uvloop")
+    assert run_sync(which()).startswith("asyncio")  # the other commands: the standard loop
+    monkeypatch.setenv("PARLEY_EVENT_LOOP", "asyncio")
+    assert run_sync(which(), fast_loop=True).startswith("asyncio")
