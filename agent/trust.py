@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
+from functools import lru_cache
 
 from gateway.kernel.config import LevelConfig, TrustConfig
 from gateway.kernel.events import InboundMessage, Trust
@@ -35,7 +36,13 @@ class ToolFilter:
     patterns: tuple[str, ...]
 
     def allows(self, name: str) -> bool:
-        return any(fnmatchcase(name, p) for p in self.patterns)
+        return _allows(self.patterns, name)
+
+
+@lru_cache(maxsize=8192)
+def _allows(patterns: tuple[str, ...], name: str) -> bool:
+    """Asked for every tool on every turn; the answers never change."""
+    return any(fnmatchcase(name, p) for p in patterns)
 
 
 ALL_TOOLS = ToolFilter(("*",))

@@ -98,6 +98,7 @@ class Ledger:
         self.tz = ZoneInfo(timezone)
         self.prices = Prices(config)
         self._tallies: dict[str, Tally] = {}
+        self._period: tuple[int, tuple[str, str]] = (-1, ("", ""))
         self._total = [0, 0, 0.0]
         """Every call in the ledger: calls, tokens, cost (read at start, then counted)."""
 
@@ -112,7 +113,11 @@ class Ledger:
     def periods(self, now: datetime | None = None) -> tuple[str, str]:
         """(the minute, UTC ``YYYY-MM-DDTHH:MM``; the day, local ``YYYY-MM-DD``) of ``now``."""
         now = now or self.clock.now()
-        return f"{now:%Y-%m-%dT%H:%M}", f"{now.astimezone(self.tz):%Y-%m-%d}"
+        minute = int(now.timestamp() // 60)  # time zones move days on whole minutes
+        if minute != self._period[0]:
+            self._period = (minute, (f"{now:%Y-%m-%dT%H:%M}",
+                                     f"{now.astimezone(self.tz):%Y-%m-%d}"))
+        return self._period[1]
 
     # recording ----------------------------------------------------------------------------
 

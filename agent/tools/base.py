@@ -148,6 +148,7 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self.core = ToolFilter(core) if core is not None else None
         self._schemas: dict[tuple[ToolFilter, frozenset[str]], list[dict[str, Any]]] = {}
+        self._deferred: dict[ToolFilter, list[str]] = {}
         for t in tools:
             self.register(t)
 
@@ -155,12 +156,12 @@ class ToolRegistry:
         if t.name in self._tools:
             raise ValueError(f"tool {t.name} registered twice")
         self._tools[t.name] = t
-        self._schemas = {}
+        self._schemas, self._deferred = {}, {}
 
     def unregister(self, name: str) -> None:
         """Drop a tool (an MCP server's tool list changed); unknown names are ignored."""
         if self._tools.pop(name, None) is not None:
-            self._schemas = {}
+            self._schemas, self._deferred = {}, {}
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -194,9 +195,15 @@ class ToolRegistry:
 
     def deferred(self, allowed: ToolFilter) -> list[str]:
         """The allowed tools not offered at first (named by ``load_tools``)."""
-        core = self.core
-        return [] if core is None else [n for n in self._tools
-                                        if allowed.allows(n) and not core.allows(n)]
+        found = self._deferred.get(allowed)
+        if found is None:  # per audience, until tools come or go (MCP)
+            core = self.core
+            found = [] if core is None else [n for n in self._tools
+                                             if allowed.allows(n) and not core.allows(n)]
+            if len(self._deferred) >= 4096:
+                self._deferred = {}
+            self._deferred[allowed] = found
+        return found
 
     @staticmethod
     def _load_schema(rest: list[Tool]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ snapshot exactly as the turn built it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -22,6 +23,8 @@ FRAME = "frame"
 FRAME_TOP = ("session_key", "trust", "model", "owner_files", "memory_scopes",
              "max_context_tokens")
 FRAME_INPUTS = ("snippet_cap", "hints", "tools_tokens", "model", "chat_prompt")
+FRAME_INBOUND = ("channel", "chat_id", "sender_id", "sender_name", "trust")
+"""The inbound message's fields that are the same for every turn of one sender in one chat."""
 TURN_LAYERS = frozenset({"summary", "history", "runtime", "user"})
 """Layers whose tokens change turn by turn; the others' (system files, tools) are the frame's."""
 _DEFAULTS: dict[str, Any] = {
@@ -35,6 +38,15 @@ _DEFAULTS.update({f.name: f.default_factory() for f in dataclasses.fields(Inboun
 def _dump(data: Any) -> str:
     """Sorted keys, compact (the same text ``json.dumps`` wrote before orjson did it)."""
     return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
+
+
+_LEFT_OUT: dict[str, dict[str, Any]] = {
+    "": {"trimmed": [], "bootstrap_cuts": []},
+    "sources": {"compaction": None, "images": 0, "memory_recalled": 0},
+    "inputs": {"compaction_id": None, "recall": None},
+}
+"""Values most turns have, left out of the row; the frame lists which keys the snapshot has."""
+_CALL_DEFAULTS: dict[str, Any] = {"added": 0, "shortened": []}
 
 
 def _lean(inbound: dict[str, Any]) -> dict[str, Any]:
@@ -56,11 +68,32 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
         frame["inputs"] = {k: inputs[k] for k in FRAME_INPUTS if k in inputs}
         row["inputs"] = {k: v for k, v in inputs.items() if k not in FRAME_INPUTS}
         if isinstance(inputs.get("inbound"), dict):
-            row["inputs"]["inbound"] = _lean(inputs["inbound"])
+            inbound = _lean(inputs["inbound"])
+            frame["inbound"] = {k: inbound.pop(k) for k in FRAME_INBOUND if k in inbound}
+            row["inputs"]["inbound"] = inbound
     named = snapshot.get("texts")
     if isinstance(named, dict) and "system" in named:
         frame["system"] = named["system"]
         row["texts"] = {k: v for k, v in named.items() if k != "system"}
+    present = {}
+    for where, defaults in _LEFT_OUT.items():
+        part = row if not where else row.get(where)
+        if isinstance(part, dict):
+            if where:  # the row's own copy: the snapshot itself stays whole
+                part = row[where] = dict(part)
+            present[where] = [k for k in defaults if k in part]
+            for k in present[where]:
+                if part[k] == defaults[k]:
+                    del part[k]
+    frame["defaults"] = present
+    calls = row.get("calls")
+    if isinstance(calls, list) and calls and all(
+            isinstance(c, dict) and {"added", "shortened", "tools"} <= c.keys() for c in calls):
+        tools = calls[0]["tools"]
+        frame["calls"] = {"tools": tools}
+        row["calls"] = [{k: v for k, v in c.items()
+                         if not (k == "tools" and v == tools) and _CALL_DEFAULTS.get(k, c) != v}
+                        for c in calls]
     text = _dump(frame)
     digest = hashlib.sha256(text.encode()).hexdigest()
     row[FRAME] = digest
@@ -86,8 +119,54 @@ def expand(row: dict[str, Any], frames: dict[str, str]) -> dict[str, Any]:
     if isinstance(row.get("inputs"), dict):
         inputs = {**frame.get("inputs", {}), **row["inputs"]}
         if isinstance(inputs.get("inbound"), dict):
-            inputs["inbound"] = {**_DEFAULTS, **inputs["inbound"]}
+            inputs["inbound"] = {**_DEFAULTS, **frame.get("inbound", {}), **inputs["inbound"]}
         out["inputs"] = inputs
     if "system" in frame:
         out["texts"] = {"system": frame["system"], **(row.get("texts") or {})}
+    for where, keys in (frame.get("defaults") or {}).items():
+        part = out if not where else out.get(where)
+        if isinstance(part, dict):
+            for k in keys:
+                if k not in part:
+                    part[k] = copy.deepcopy(_LEFT_OUT[where][k])
+    if isinstance(frame.get("calls"), dict) and isinstance(out.get("calls"), list):
+        tools = frame["calls"].get("tools")
+        out["calls"] = [{"added": 0, "shortened": [], "tools": tools, **c}
+                        if isinstance(c, dict) else c for c in out["calls"]]
     return out
+
+
+# -- what the row's own columns hold ----------------------------------------------------------
+
+COLUMNS = ("turn_id", "hash", "total_tokens")
+"""Kept in ``context_snapshots``' columns (``turn_id``, ``context_hash``, ``total_tokens``),
+so not again in its JSON."""
+
+
+def without_columns(snapshot: dict[str, Any], turn_id: str) -> dict[str, Any]:
+    """The JSON a row of ``turn_id`` stores: no copy of its columns, and a model call whose
+    fingerprint is the turn's own (a plain turn's only call) without it."""
+    top = snapshot.get("hash")
+    row = {k: v for k, v in snapshot.items()
+           if k not in COLUMNS or (k == "turn_id" and v != turn_id)}
+    calls = row.get("calls")
+    if isinstance(calls, list) and top is not None:
+        row["calls"] = [{k: v for k, v in c.items() if k != "hash"}
+                        if isinstance(c, dict) and c.get("hash") == top else c for c in calls]
+    return row
+
+
+def with_columns(row: dict[str, Any], turn_id: str, context_hash: str,
+                 total_tokens: int) -> dict[str, Any]:
+    """``without_columns`` undone (a row stored whole before it is returned as it is)."""
+    if "hash" in row:
+        return row
+    out = {"turn_id": turn_id, "hash": context_hash, "total_tokens": total_tokens, **row}
+    if "turn_id" in row:  # a snapshot naming another turn than its row's: its own order
+        out = {"turn_id": row["turn_id"], **out}
+    calls = out.get("calls")
+    if isinstance(calls, list):
+        out["calls"] = [c if not isinstance(c, dict) or "hash" in c
+                        else {**c, "hash": context_hash} for c in calls]
+    return out
+

@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
+from gateway.kernel.snapshot_frame import without_columns
 from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
 from gateway.kernel.store_search import TRIGRAM, insert_sql
@@ -321,7 +322,7 @@ class SessionTables(LayerTexts):
         call_rows = _call_rows(session_id, turn_id, calls or [], usage, now)
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
-                        SECRETS.redact(dump_json(snapshot))
+                        SECRETS.redact(dump_json(without_columns(snapshot, turn_id)))
                         ) if snapshot is not None else None
         text_rows = self._new_texts(texts)
 

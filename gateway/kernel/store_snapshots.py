@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.kernel.secrets import SECRETS
-from gateway.kernel.snapshot_frame import expand, frames_of
+from gateway.kernel.snapshot_frame import expand, frames_of, with_columns
 from gateway.kernel.store_db import Database
 
 INSERT_TEXT = "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)"
@@ -57,27 +57,31 @@ class LayerTexts(Database):
         return [(r[0], json.loads(r[1])) for r in rows]
 
 
+SNAPSHOT_COLUMNS = "detail, turn_id, context_hash, total_tokens"
+
+
 class SnapshotTables(LayerTexts):
     """Reads over context snapshots, LLM calls and table counts."""
 
-    async def _expanded(self, details: list[str]) -> list[dict[str, Any]]:
-        """Stored snapshots with their frames put back (``snapshot_frame``)."""
-        rows = [json.loads(d) for d in details]
+    async def _expanded(self, stored: list[Any]) -> list[dict[str, Any]]:
+        """Stored snapshots (``SNAPSHOT_COLUMNS`` rows) with their columns and frames put
+        back (``snapshot_frame``)."""
+        rows = [with_columns(json.loads(r[0]), r[1], r[2], r[3]) for r in stored]
         frames = await self.layer_texts(frames_of(rows))
         return [expand(r, frames) for r in rows]
 
     async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:
         row = await self._fetchone(
-            "SELECT detail FROM context_snapshots WHERE session_id = ? "
+            f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
             "ORDER BY created_at DESC, rowid DESC LIMIT 1", (session_id,))
-        return (await self._expanded([row[0]]))[0] if row else None
+        return (await self._expanded([row]))[0] if row else None
 
     async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
         """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
         rows = await self._fetchall(
-            "SELECT detail FROM context_snapshots WHERE session_id = ? "
+            f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
             "ORDER BY created_at, rowid", (session_id,))
-        return await self._expanded([r[0] for r in rows])
+        return await self._expanded(list(rows))
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over a session's turns."""

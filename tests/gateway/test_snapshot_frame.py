@@ -64,3 +64,41 @@ def test_the_layers_keep_the_prompts_order() -> None:
     original["layers"] = {"z": 1, "history": 5, "a": 2, "user": 1}
     row, texts = fold(copy.deepcopy(original), {})
     assert list(expand(row, texts)["layers"]) == ["z", "history", "a", "user"]
+
+
+def test_a_row_keeps_no_copy_of_its_columns_and_reads_back_whole() -> None:
+    from gateway.kernel.snapshot_frame import with_columns, without_columns
+
+    original = {**snapshot(3), "calls": [{"added": 0, "hash": "h3"},
+                                         {"added": 2, "hash": "later"}]}
+    row = without_columns(copy.deepcopy(original), "t3")
+    assert "hash" not in row and "turn_id" not in row and "total_tokens" not in row
+    assert row["calls"] == [{"added": 0}, {"added": 2, "hash": "later"}]
+    assert with_columns(row, "t3", "h3", 103) == original
+    # a snapshot of another turn than its row keeps its own id; a row stored whole (before
+    # this) is read as it is
+    other = without_columns(copy.deepcopy(original), "t9")
+    assert with_columns(other, "t9", "h3", 103) == original
+    assert with_columns(copy.deepcopy(original), "t3", "h3", 103) == original
+
+
+def test_what_most_turns_have_is_left_out_of_the_row() -> None:
+    """The usual values (no trims, no compaction, a call with nothing added or shortened, the
+    frame's tool list) are not stored per turn; the others are, and all read back whole."""
+    usual = {**snapshot(4), "trimmed": [], "bootstrap_cuts": [],
+             "sources": {"history_available": 6, "compaction": None, "images": 0,
+                         "memory_recalled": 0},
+             "calls": [{"added": 0, "shortened": [], "tools": "T", "hash": "h4"},
+                       {"added": 2, "shortened": [1], "tools": "U", "hash": "x"}]}
+    kept = copy.deepcopy(usual)
+    row, texts = fold(usual, {})
+    assert usual == kept  # folding leaves the snapshot itself alone
+    assert "trimmed" not in row and row["sources"] == {"history_available": 6}
+    assert row["calls"] == [{"hash": "h4"}, {"added": 2, "shortened": [1], "tools": "U",
+                                             "hash": "x"}]
+    assert expand(copy.deepcopy(row), texts) == kept
+    unusual = {**copy.deepcopy(kept), "trimmed": ["dropped 2 turns"],
+               "sources": {**kept["sources"], "compaction": 7}}
+    row, texts = fold(copy.deepcopy(unusual), texts)
+    assert row["trimmed"] == ["dropped 2 turns"] and row["sources"]["compaction"] == 7
+    assert expand(row, texts) == unusual
