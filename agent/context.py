@@ -233,37 +233,44 @@ class ContextBuilder:
     def _fit_history(self, history: list[StoredMessage], available: int,
                      trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
         """(messages kept, their tokens, whole turns dropped to fit ``available``, the
-        tokens of all of them)."""
-        groups = history_groups(history)
-        if len(history) and sum(len(g) for g in groups) < len(history):
-            trimmed.append(f"dropped {len(history) - sum(len(g) for g in groups)} message(s) "
-                           "of a turn cut by max_recent_messages")
+        tokens of all of them). Turns start at a user message (``history_groups``); one pass
+        over the history, as it runs every turn over up to ``max_recent_messages``."""
+        n = len(history)
+        first = 0
+        while first < n and history[first].role != "user":
+            first += 1
+        if first:  # a turn whose beginning fell outside the window: never half of one
+            trimmed.append(f"dropped {first} message(s) of a turn cut by max_recent_messages")
         cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
-        prepared: list[tuple[list[dict[str, Any]], int]] = []
+        bodies: list[dict[str, Any]] = []
+        starts: list[int] = []  # where each turn starts in ``bodies``
+        turn_tokens: list[int] = []
         shortened = 0
-        for group in groups:
-            msgs, tokens = [], 0
-            for m in group:
-                body, count = m.body, m.tokens
-                if m.role == "tool" and count > cap:
-                    body, count = self.shorten_tool(body, cap)
-                    shortened += 1
-                msgs.append(body)
-                tokens += count
-            prepared.append((msgs, tokens))
+        for m in history[first:]:
+            body, count = m.body, m.tokens
+            if m.role == "user":
+                starts.append(len(bodies))
+                turn_tokens.append(0)
+            elif m.role == "tool" and count > cap:
+                body, count = self.shorten_tool(body, cap)
+                shortened += 1
+            bodies.append(body)
+            turn_tokens[-1] += count
         if shortened:
             trimmed.append(f"shortened {shortened} old tool result(s) to "
                            f"{cap} tokens")
-        total = everything = sum(t for _, t in prepared)
+        total = everything = sum(turn_tokens)
         dropped = 0
-        while prepared and total > available:
-            total -= prepared.pop(0)[1]
+        while dropped < len(turn_tokens) and total > available:
+            total -= turn_tokens[dropped]
             dropped += 1
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
         self._kept_cap = cap
-        return [m for msgs, _ in prepared for m in msgs], total, dropped, everything
+        kept = bodies if not dropped else (
+            bodies[starts[dropped]:] if dropped < len(starts) else [])
+        return kept, total, dropped, everything
 
     def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode(str(body.get("content") or ""),
