@@ -14,6 +14,9 @@ conversation's model). The row types and ``content_text`` are re-exported here, 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Self, cast
+
 from gateway.kernel.store_db import SCHEMA_VERSION
 from gateway.kernel.store_queues import PendingOutbound, QueueTables
 from gateway.kernel.store_sessions import (
@@ -27,6 +30,7 @@ from gateway.kernel.store_sessions import (
     content_text,
 )
 from gateway.kernel.store_snapshots import SnapshotTables
+from gateway.kernel.store_sql import is_postgres_url
 from gateway.kernel.store_usage import UsageRow, UsageTables
 
 __all__ = [
@@ -36,4 +40,13 @@ __all__ = [
 
 
 class Store(SessionTables, QueueTables, SnapshotTables, UsageTables):
-    """The database: open with ``await Store.open(path)``, close once with ``close()``."""
+    """The database: open with ``await Store.open(path)``, close once with ``close()``.
+    A ``postgresql://`` URL instead of a path opens it on PostgreSQL (``store_pg``)."""
+
+    @classmethod
+    async def open(cls, path: Path | str) -> Self:
+        if is_postgres_url(path):
+            from gateway.kernel.store_pg import PgStore  # psycopg only where it is used
+
+            return cast(Self, await PgStore.connect(str(path)))
+        return await super().open(Path(path))

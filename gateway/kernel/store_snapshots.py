@@ -11,22 +11,28 @@ import json
 from typing import Any
 
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import twin
+
+_LATEST = twin("SELECT detail FROM context_snapshots WHERE session_id = ? "
+               "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+               "SELECT detail FROM context_snapshots WHERE session_id = %s "
+               "ORDER BY created_at DESC, seq DESC LIMIT 1")
+_ALL = twin("SELECT detail FROM context_snapshots WHERE session_id = ? "
+            "ORDER BY created_at, rowid",
+            "SELECT detail FROM context_snapshots WHERE session_id = %s "
+            "ORDER BY created_at, seq")
 
 
 class SnapshotTables(Database):
     """Reads over context snapshots, LLM calls and table counts."""
 
     async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:
-        row = await self._fetchone(
-            "SELECT detail FROM context_snapshots WHERE session_id = ? "
-            "ORDER BY created_at DESC, rowid DESC LIMIT 1", (session_id,))
+        row = await self._fetchone(_LATEST, (session_id,))
         return json.loads(row[0]) if row else None
 
     async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
         """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
-        rows = await self._fetchall(
-            "SELECT detail FROM context_snapshots WHERE session_id = ? "
-            "ORDER BY created_at, rowid", (session_id,))
+        rows = await self._fetchall(_ALL, (session_id,))
         return [json.loads(r[0]) for r in rows]
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:

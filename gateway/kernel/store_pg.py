@@ -1,0 +1,235 @@
+"""The store on PostgreSQL: the same ``Store`` (every table, every query) for several gateway
+processes on one database, chosen by ``database: postgresql://...`` in the config.
+
+Shaped like the SQLite side so the tables' modules run unchanged: one psycopg connection used
+from one thread (as aiosqlite does), ``_write(fn)`` runs a whole transaction there in one hop,
+``transaction()`` yields a connection whose ``execute`` is awaitable and an async context
+manager, like aiosqlite's. Statements are rewritten once per text by ``store_sql.to_postgres``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from gateway.kernel.store import Store
+from gateway.kernel.store_schema import CORE
+from gateway.kernel.store_sql import to_postgres
+
+T = TypeVar("T")
+
+
+def hide_password(url: str) -> str:
+    """The URL as shown in logs, health and errors: no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Cursor:
+    """A statement's result, shaped like sqlite3's cursor: ``rowcount``, ``lastrowid``
+    (the generated id an ``INSERT`` returned), ``fetchone``/``fetchall``."""
+
+    def __init__(self, cur: psycopg.Cursor[Any], returning: bool) -> None:
+        self.rowcount = cur.rowcount
+        self._rows: list[Any] = list(cur.fetchall()) if cur.description is not None else []
+        self.lastrowid: int | None = None
+        if returning:
+            self.lastrowid = self._rows[0][0] if self._rows else None
+            self._rows = []
+        self._at = 0
+
+    def fetchone(self) -> Any:
+        if self._at >= len(self._rows):
+            return None
+        self._at += 1
+        return self._rows[self._at - 1]
+
+    def fetchall(self) -> list[Any]:
+        rows, self._at = self._rows[self._at:], len(self._rows)
+        return rows
+
+    def __iter__(self) -> Any:
+        return iter(self.fetchall())
+
+
+class SyncConnection:
+    """What ``_write``'s function gets on PostgreSQL, shaped like ``sqlite3.Connection``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
+        text, returning = to_postgres(sql)
+        with self._conn.cursor() as cur:
+            cur.execute(text, tuple(params))  # type: ignore[arg-type]  # rewritten text
+            return Cursor(cur, returning)
+
+    def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        batch = [tuple(r) for r in rows]
+        if batch:
+            text, _ = to_postgres(sql)
+            with self._conn.cursor() as cur:
+                cur.executemany(text, batch)  # type: ignore[arg-type]
+
+
+class AsyncCursor:
+    """aiosqlite's cursor shape over a fetched ``Cursor`` (no I/O left to do)."""
+
+    def __init__(self, cur: Cursor) -> None:
+        self._cur = cur
+        self.rowcount = cur.rowcount
+        self.lastrowid = cur.lastrowid
+
+    async def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    async def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    async def close(self) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        async def rows() -> AsyncIterator[Any]:
+            for row in self._cur.fetchall():
+                yield row
+        return rows()
+
+
+class _Pending:
+    """``await conn.execute(...)`` and ``async with conn.execute(...) as cur``, as aiosqlite."""
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        self._run = run
+
+    def __await__(self) -> Generator[Any, None, AsyncCursor]:
+        return self._go().__await__()
+
+    async def _go(self) -> AsyncCursor:
+        return AsyncCursor(await self._run())
+
+    async def __aenter__(self) -> AsyncCursor:
+        return await self._go()
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+class AsyncConnection:
+    """What ``transaction()`` yields on PostgreSQL, shaped like ``aiosqlite.Connection``."""
+
+    def __init__(self, db: PgStore) -> None:
+        self._db = db
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> _Pending:
+        return _Pending(lambda: self._db._call(lambda c: c.execute(sql, params)))
+
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        batch = [tuple(r) for r in rows]
+        await self._db._call(lambda c: c.executemany(sql, batch))
+
+    async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        cur = await self._db._call(lambda c: c.execute(sql, params))
+        return cur.fetchall()
+
+
+class PgStore(Store):
+    """``Store`` on PostgreSQL. Open with ``await Store.open("postgresql://...")``."""
+
+    dialect = "postgresql"
+
+    def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:  # noqa: D107
+        self._conn = conn
+        self._sync = SyncConnection(conn)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="parley-pg")
+        self.url = url
+        self.target = hide_password(url)
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, url: str) -> Self:
+        try:
+            conn: psycopg.Connection[Any] = await asyncio.to_thread(
+                lambda: psycopg.connect(url, autocommit=True, connect_timeout=10))
+        except psycopg.Error as e:
+            raise ConnectionError(f"cannot connect to PostgreSQL at {hide_password(url)}: "
+                                  f"{str(e).strip().splitlines()[0] if str(e) else e}") from None
+        self = cls(conn, url)
+        try:
+            await self.migrate(CORE)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            async with self._write_lock:
+                await self._call(lambda c: self._conn.close())
+            self._thread.shutdown(wait=False)
+
+    async def _call(self, fn: Callable[[SyncConnection], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, self._sync)
+
+    async def _write(self, fn: Callable[[Any], T]) -> T:
+        def in_transaction(c: SyncConnection) -> T:
+            with self._conn.transaction():
+                return fn(c)
+        async with self._write_lock:
+            return await self._call(in_transaction)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        async with self._write_lock:
+            await self._call(lambda c: c.execute("BEGIN"))
+            try:
+                yield AsyncConnection(self)
+            except BaseException:
+                await self._call(lambda c: c.execute("ROLLBACK"))
+                raise
+            else:
+                await self._call(lambda c: c.execute("COMMIT"))
+
+    async def ensure_schema(self, sql: str, *, postgres: str | None = None) -> None:
+        text = postgres if postgres is not None else sqlite_ddl_to_postgres(sql)
+        async with self._write_lock:
+            await self._call(lambda c: self._conn.execute(text))  # type: ignore[arg-type]
+
+    async def columns(self, table: str) -> set[str]:
+        rows = await self._fetchall(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ?", (table,))
+        return {r[0] for r in rows}
+
+    async def iterate(self, sql: str, params: tuple[Any, ...] = ()) -> AsyncIterator[Any]:
+        for row in await self._fetchall(sql, params):
+            yield row
+
+    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = await self._call(lambda c: c.execute(sql, params))
+        return cur.fetchone()
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        cur = await self._call(lambda c: c.execute(sql, params))
+        return cur.fetchall()
+
+
+def sqlite_ddl_to_postgres(sql: str) -> str:
+    """A module's SQLite DDL read mechanically as PostgreSQL's (a stopgap for tables whose
+    twin is not written yet: ``ensure_schema`` without ``postgres=``)."""
+    out = re.sub(r"INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY", sql)
+    out = re.sub(r"\bINTEGER\b", "BIGINT", out)
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", out)
+
