@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 
 Role = Literal["user", "assistant"]
 
@@ -41,6 +42,10 @@ CREATE INDEX IF NOT EXISTS webchat_log_chat ON webchat_log(chat_id, seq);
 CREATE INDEX IF NOT EXISTS webchat_log_media ON webchat_log(media_name)
     WHERE media_name IS NOT NULL;
 """
+SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
+"""PostgreSQL's twin: the same table, a BIGSERIAL ``seq``."""
+TABLES = register(TableSet("webchat", (Migration(1, SCHEMA, SCHEMA_PG),), ("webchat_log",),
+                           generated_ids={"webchat_log": "seq"}))
 
 MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp|webm|ogg|m4a|mp3|wav)")
 """The names ``save_image`` gives: nothing else is ever looked up under the media folder."""
@@ -104,7 +109,7 @@ class WebchatLog:
         self._store = store
 
     async def ensure_schema(self) -> None:
-        await self._store.ensure_schema(SCHEMA)
+        await self._store.migrate(TABLES)
 
     async def find(self, key: str) -> LogEntry | None:
         row = await self._store.fetchone(

@@ -99,7 +99,7 @@ class Gateway:
         exec_probe = asyncio.create_task(self._resolve_exec(), name="exec-sandbox-probe")
         try:
             self.prepare_workspace()
-            self.store = await Store.open(self.config.db_path)
+            self.store = await Store.open(self.config.store_target)
             self.bus.attach_store(self.store, self.config.channels.delivery.ttl)
             self._dead_before = (await self.store.outbox_counts())["dead"]
             for channel in self._configured_channel_list():

@@ -166,7 +166,7 @@ def config_check(config_path: ConfigOpt = None) -> None:
               f", key {'set' if config.agent.api_key else 'from environment'}, {route}",
               highlight=False)
     out.print(f"  workspace: {config.workspace_path}", highlight=False)
-    out.print(f"  data:      {config.db_path}", highlight=False)
+    out.print(f"  data:      {config.store_label}", highlight=False)
     out.print(f"  channels:  {', '.join(channels) or 'none'}", highlight=False)
     if config.channels.local.enabled:
         local = config.channels.local
@@ -242,10 +242,10 @@ def status(config_path: ConfigOpt = None) -> None:
             out.print(f"  recent error: {line}", highlight=False, markup=False)
     else:
         out.print("gateway:  not reachable on the local channel (not running?)", highlight=False)
-    if config.db_path.exists():
+    if config.database or config.db_path.exists():
         counts = run_sync(with_store(config, lambda s: s.counts()))
         out.print(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
-                  f"in {config.db_path}", highlight=False)
+                  f"in {config.store_label}", highlight=False)
 
 
 @sessions_app.command("list")

@@ -47,10 +47,10 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 async def with_store(config: Config, fn: Any) -> Any:
     from gateway.kernel.store import Store
 
-    if not config.db_path.exists():
+    if not config.database and not config.db_path.exists():
         raise fail(f"no database at {config.db_path} yet (start the gateway or `parley chat` "
                     "first)")
-    store = await Store.open(config.db_path)
+    store = await Store.open(config.store_target)
     try:
         return await fn(store)
     finally:

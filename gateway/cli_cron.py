@@ -33,7 +33,7 @@ async def _open(config: Any, fn: Any) -> Any:
     """Like ``cli._with_store``, but creates the database: jobs may come before the gateway."""
     from gateway.kernel.store import Store
 
-    store = await Store.open(config.db_path)
+    store = await Store.open(config.store_target)
     try:
         jobs = _jobs(store, config)
         await jobs.ensure()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import PrivateAttr, ValidationError
+from pydantic import PrivateAttr, SecretStr, ValidationError, field_validator
 
 from gateway.kernel.config_agent import (
     AgentConfig,
@@ -55,6 +55,7 @@ from gateway.kernel.config_fields import (
 )
 from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
+from gateway.kernel.store_sql import hide_password, is_postgres_url
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
@@ -84,6 +85,29 @@ class Config(Section):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     logging: LoggingConfig = LoggingConfig()
+    # several processes on PostgreSQL (issue 19) ----------------------------------------------
+    database: OptionalSecret = None
+    """Empty: SQLite (``data_dir/parley.db``), one process. A ``postgresql://`` URL: the store
+    on PostgreSQL, shared by every gateway process given the same URL."""
+
+    @field_validator("database")
+    @classmethod
+    def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not is_postgres_url(value.get_secret_value()):
+            raise ValueError("must be a postgresql:// URL (or empty: SQLite in data_dir)")
+        return value
+
+    @property
+    def store_target(self) -> Path | str:
+        """What ``Store.open`` opens: the PostgreSQL URL when set, else the SQLite file."""
+        return self.database.get_secret_value() if self.database else self.db_path
+
+    @property
+    def store_label(self) -> str:
+        """Where the data is, as shown (a URL's password hidden)."""
+        return hide_password(self.database.get_secret_value()) if self.database \
+            else str(self.db_path)
+    # ------------------------------------------------------------------------------------------
 
     _source: Path | None = PrivateAttr(None)
 

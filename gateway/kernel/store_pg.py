@@ -15,25 +15,14 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
 from gateway.kernel.store import Store
 from gateway.kernel.store_schema import CORE
-from gateway.kernel.store_sql import to_postgres
+from gateway.kernel.store_sql import hide_password, to_postgres
 
 T = TypeVar("T")
-
-
-def hide_password(url: str) -> str:
-    """The URL as shown in logs, health and errors: no password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Cursor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +109,13 @@ def to_postgres(sql: str) -> tuple[str, bool]:
 def is_postgres_url(target: object) -> bool:
     """The ``database`` setting names PostgreSQL (``postgresql://`` or ``postgres://``)."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def hide_password(url: str) -> str:
+    """The URL as shown in logs, health and errors: no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

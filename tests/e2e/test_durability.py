@@ -29,6 +29,21 @@ from tests.fakes.openai_server import ScriptedLLM
 PARLEY = str(Path(sys.executable).parent / "parley")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """Every test here runs on both stores: SQLite (no ``database``), and PostgreSQL (a fresh
+    database on the session's throwaway cluster)."""
+    return str(request.getfixturevalue("postgres_url")) if request.param == "postgresql" \
+        else None
+
+
+@pytest.fixture
+def make_config(make_config: MakeConfig, database: str | None) -> MakeConfig:
+    if database is None:
+        return make_config
+    return lambda **overrides: make_config(**{"database": database, **overrides})
+
+
 class ScriptedChannel(ChannelBase):
     """A chat platform on a leash: ``results`` are returned by ``send`` in order (then ok);
     ``gate`` makes every send wait until it is set."""
@@ -242,12 +257,12 @@ async def test_many_chats_every_message_answered_once_in_order(make_config: Make
     assert llm.calls == chats * per_chat
 
 
-def _write_config(tmp_path: Path, llm: ScriptedLLM) -> Path:
+def _write_config(tmp_path: Path, llm: ScriptedLLM, database: str | None = None) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "workspace": "ws", "data_dir": "data",
         "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k"},
-        "channels": {"local": {"port": 0}}}))
+        "channels": {"local": {"port": 0}}, **({"database": database} if database else {})}))
     return path
 
 
@@ -272,9 +287,9 @@ async def _drain_stderr(proc: asyncio.subprocess.Process) -> None:
 
 
 @pytest.mark.timeout(90)
-async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
-                                                                 llm: ScriptedLLM) -> None:
-    config = _write_config(tmp_path, llm)
+async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, llm: ScriptedLLM, database: str | None) -> None:
+    config = _write_config(tmp_path, llm, database)
     llm.reply("first answer")
     proc, base = await _start_gateway(config)
     drain = asyncio.create_task(_drain_stderr(proc))
