@@ -15,6 +15,7 @@ from rich.text import Text
 
 from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync, with_store
 from gateway.cli_cron import cron_app
+from gateway.cli_db import db_app
 from gateway.cli_pairing import pairing_app
 from gateway.cli_usage import usage_command
 from gateway.kernel.config import Config, ConfigError
@@ -30,6 +31,7 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(context_app, name="context")
 app.add_typer(pairing_app, name="pairing")
 app.add_typer(cron_app, name="cron")
+app.add_typer(db_app, name="db")
 app.command("usage")(usage_command)
 
 T = TypeVar("T")
