@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-CONFIG ?= config.example.yaml
+# The config every `parley` command reads by default; `make run` writes it the first time
+# (`parley onboard --non-interactive`: the model from PARLEY_MODEL / PARLEY_API_BASE /
+# PARLEY_API_KEY, WebChat on). `make run CONFIG=config.example.yaml` runs the example instead.
+CONFIG ?= $(or $(PARLEY_CONFIG),$(HOME)/.parley/config.yaml)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: run chat test lint bench install install-test system-deps clean
@@ -23,10 +26,12 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 run: install
-	$(BIN)/parley gateway --config $(CONFIG)
+	@test -f "$(CONFIG)" || $(BIN)/parley onboard --non-interactive --skip-test --config "$(CONFIG)"
+	$(BIN)/parley gateway --config "$(CONFIG)"
 
 chat: install
-	$(BIN)/parley chat --config $(CONFIG)
+	@test -f "$(CONFIG)" || $(BIN)/parley onboard --non-interactive --skip-test --config "$(CONFIG)"
+	$(BIN)/parley chat --config "$(CONFIG)"
 
 # System packages tests drive for real (Debian's chromium for the WebChat browser tests,
 # bubblewrap and prlimit for the exec sandbox, postgresql for the several-process store: the

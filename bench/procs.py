@@ -163,6 +163,7 @@ def write_config(root: Path, port: int, transport: str = "auto") -> Path:
     data = yaml.safe_load(ONBOARD_CONFIG.format(workspace=root / "workspace",
                                                 data_dir=root / "data"))
     data["channels"]["local"]["port"] = port
+    data["channels"]["webchat"]["enabled"] = False  # onboard turns it on; not what is measured
     if transport != "auto":
         data["agent"]["transport"] = transport
     seed_workspace(root / "workspace")

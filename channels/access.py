@@ -16,7 +16,8 @@ not answer in a place it may speak are kept as context when ``group_history`` is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +28,8 @@ from gateway.kernel.pairing import PairingStore
 Verdict = Literal["serve", "context", "pair", "ignore"]
 DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
 GroupPolicy = Literal["mention", "open", "disabled"]
+APPROVAL_TTL = 60.0
+"""Seconds an approval read from SQLite is believed before it is read again."""
 
 
 def listed(entry: str) -> str:
@@ -66,12 +69,16 @@ class AccessRules:
 
 
 class Access:
-    def __init__(self, platform: str, rules: AccessRules, pairing: PairingStore) -> None:
+    def __init__(self, platform: str, rules: AccessRules, pairing: PairingStore, *,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.platform = platform
         self.rules = rules
         self.pairing = pairing
-        self._approved: set[str] = set()
-        """Users the owner approved: positives only, read again from SQLite until approved."""
+        self._approved: dict[str, float] = {}
+        """Users the owner approved → when that was read: positives only, read again from
+        SQLite after ``APPROVAL_TTL`` (so ``parley pairing revoke`` takes effect) and until
+        approved."""
+        self.monotonic = monotonic
 
     async def verdict(self, inc: Incoming) -> Verdict:
         return await self.direct(inc.sender) if inc.direct else await self.group(inc)
@@ -99,11 +106,13 @@ class Access:
         return rules.dm_policy == "pairing" and await self._paired(sender)
 
     async def _paired(self, sender: Sender) -> bool:
-        if sender.id in self._approved:
+        now = self.monotonic()
+        if now - self._approved.get(sender.id, -APPROVAL_TTL) < APPROVAL_TTL:
             return True
         if await self.pairing.is_approved(self.platform, sender.id):
-            self._approved.add(sender.id)
+            self._approved[sender.id] = now
             return True
+        self._approved.pop(sender.id, None)
         return False
 
     async def direct(self, sender: Sender) -> Verdict:

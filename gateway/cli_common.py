@@ -4,12 +4,15 @@ config, running a coroutine, opening the store, failing with a clear message."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from gateway.kernel.config import Config, ConfigError, load_config
 
@@ -23,8 +26,16 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    """Print ``error: message`` to stderr; the message is text, never read as markup (it may
+    hold a job's name, a session key or a path with brackets)."""
+    err.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+              soft_wrap=True)
     return typer.Exit(code)
+
+
+def say(text: str, console: Console = out) -> None:
+    """Print stored or user-given text as it is: no markup, no highlighting, no hard wrap."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def load(config_path: Path | None) -> Config:
@@ -35,23 +46,42 @@ def load(config_path: Path | None) -> Config:
         raise typer.Exit(2) from None
 
 
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+def run_sync(coro: Coroutine[Any, Any, T], config: Config | None = None) -> T:
+    """Run ``coro``; a failure an operator can fix (a port in use, a corrupt or locked
+    database, a full disk, a bad path) ends in one line saying what to do, not a traceback."""
+    from gateway.preflight import explain
+
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except OSError as exc:
-        raise fail(str(exc)) from None
+    except (OSError, sqlite3.DatabaseError) as exc:
+        line = explain(exc, config) if config is not None else None
+        raise fail(line or f"{type(exc).__name__}: {exc}") from None
 
 
 async def with_store(config: Config, fn: Any) -> Any:
-    from gateway.kernel.store import Store
-
     if not config.database and not config.db_path.exists():
         raise fail(f"no database at {config.db_path} yet (start the gateway or `parley chat` "
                     "first)")
-    store = await Store.open(config.store_target)
+    store = await open_store(config)
     try:
         return await fn(store)
     finally:
         await store.close()
+
+
+async def open_store(config: Config) -> Any:
+    """The config's database, or one line saying why it cannot be opened."""
+    from gateway.kernel.store import Store
+    from gateway.preflight import explain
+
+    try:
+        return await Store.open(config.store_target)
+    except (OSError, sqlite3.DatabaseError) as exc:
+        raise fail(explain(exc, config) or f"{config.store_label}: {exc}") from None
+
+
+def add_row(table: Table, *values: object) -> None:
+    """A table row of plain text: stored names and keys are never read as markup."""
+    table.add_row(*(Text(str(v)) for v in values))

@@ -6,13 +6,23 @@ change within ``cron.poll_interval``, without a restart. Times are shown in each
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from gateway.cli_common import ConfigOpt, err, fail, load, out, run_sync
+from gateway.cli_common import (
+    ConfigOpt,
+    add_row,
+    err,
+    fail,
+    load,
+    open_store,
+    out,
+    run_sync,
+    say,
+)
 
 # gateway.cli imports this module to register it: the rest is imported when a command runs.
 WIDE_TABLE = 120
@@ -31,9 +41,7 @@ def _jobs(store: Any, config: Any) -> Any:
 
 async def _open(config: Any, fn: Any) -> Any:
     """Like ``cli._with_store``, but creates the database: jobs may come before the gateway."""
-    from gateway.kernel.store import Store
-
-    store = await Store.open(config.store_target)
+    store = await open_store(config)
     try:
         jobs = _jobs(store, config)
         await jobs.ensure()
@@ -54,9 +62,10 @@ def cron_add(
     message: Annotated[str, typer.Option("--message", "-m",
                                          help="Reminder text, or the task's instruction.")],
     at: Annotated[str | None, typer.Option(
-        "--at", help="Once: ISO time (naive: in --tz or cron.timezone), or a delay like 20m.")]
+        "--at", help="Once: 09:00 (the next one), an ISO time (naive: in --tz or "
+                     "cron.timezone), or a delay like 20m or 1h30m.")]
     = None,
-    every: Annotated[str | None, typer.Option("--every", help="Repeat: 90s, 30m, 2h, 1d.")]
+    every: Annotated[str | None, typer.Option("--every", help="Repeat: 90s, 30m, 1h30m, 1d.")]
     = None,
     cron: Annotated[str | None, typer.Option("--cron", help="Repeat: a cron expression, "
                                                             "e.g. '0 9 * * 1-5'.")] = None,
@@ -84,27 +93,46 @@ def cron_add(
     if not channel or not to:
         raise fail("give the target chat: --channel CHANNEL --to CHAT_ID "
                     "(e.g. --channel telegram --to 123456789)")
-    section = getattr(config.channels, channel, None)
-    if section is None or not getattr(section, "enabled", False):
-        err.print(f"warning: channel {channel!r} is not enabled in {config.source}; the job's "
-                  "deliveries will fail until it is", highlight=False, markup=False)
+    known = sorted(n for n, section in config.channels if hasattr(section, "enabled"))
+    if channel not in known:
+        raise fail(f"--channel {channel!r} is not a channel; one of {', '.join(known)}")
+    if not getattr(config.channels, channel).enabled:
+        say(f"warning: channel {channel!r} is not enabled in {config.source}; the job's "
+            "deliveries will fail until it is", err)
     if not config.cron.enabled:
-        err.print("warning: cron.enabled is false; the gateway will not run this job",
-                  highlight=False, markup=False)
+        say("warning: cron.enabled is false; the gateway will not run this job", err)
     (schedule_kind, spec), = given
     new = NewJob(name=name, message=message, schedule_kind=schedule_kind, schedule=spec,
                  channel=channel, chat_id=to, kind=kind,  # type: ignore[arg-type]
                  tz=tz, created_by="cli", thread_id=thread or None)
 
-    async def fn(jobs: Any) -> Any:
-        return await jobs.add(new)
+    async def fn(jobs: Any) -> tuple[bool, Any]:
+        for job in await jobs.jobs():
+            if _same(job, new, tz or config.cron_timezone, config.cron.min_interval):
+                return False, job
+        return True, await jobs.add(new)
 
     try:
-        job = run_sync(_open(config, fn))
+        added, job = run_sync(_open(config, fn), config)
     except ScheduleError as exc:
         raise fail(str(exc)) from None
-    out.print(f"added {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
-              f"{_local(job.next_run, job.schedule.tz)} → {job.target}", highlight=False)
+    said = "added" if added else "already scheduled (nothing added):"
+    say(f"{said} {job.kind} {job.id} ({job.name}): {job.schedule.describe()}, next run "
+        f"{_local(job.next_run, job.schedule.tz)} → {job.target}")
+
+
+def _same(job: Any, new: Any, tz: str, min_interval: float) -> bool:
+    """``new`` is ``job`` again (a retried command): same text, target and schedule."""
+    from gateway.kernel.schedule import Schedule
+
+    if not job.enabled or (job.name, job.message, job.kind, job.channel, job.chat_id,
+                           job.thread_id) != (new.name.strip(), new.message, new.kind,
+                                              new.channel, new.chat_id, new.thread_id):
+        return False
+    wanted = Schedule.parse(new.schedule_kind, new.schedule, tz=tz, now=datetime.now(UTC),
+                            min_interval=min_interval)
+    return (job.schedule.kind, job.schedule.spec, job.schedule.tz) == \
+        (wanted.kind, wanted.spec, wanted.tz)
 
 
 @cron_app.command("list")
@@ -118,7 +146,7 @@ def cron_list(config_path: ConfigOpt = None) -> None:
 
     found = run_sync(_open(config, fn))
     if not found:
-        out.print("no scheduled jobs", highlight=False)
+        say("no scheduled jobs")
         return
     rows = []
     for job in found:
@@ -136,7 +164,7 @@ def cron_list(config_path: ConfigOpt = None) -> None:
                       "status", "delivery")
         table.columns[0].no_wrap = True  # the id is what `remove` and `run` take
         for row in rows:
-            table.add_row(*row)
+            add_row(table, *row)
         out.print(table)
         return
     # A narrow terminal: nine columns would wrap every cell; one block per job reads better.
@@ -144,11 +172,10 @@ def cron_list(config_path: ConfigOpt = None) -> None:
             enumerate(rows):
         if i:
             out.print()
-        out.print(f"{job_id}  {name}  ({kind} → {target})", highlight=False, markup=False)
-        out.print(f"  schedule  {schedule}", highlight=False, markup=False)
-        out.print(f"  next run  {next_run}", highlight=False, markup=False)
-        out.print(f"  last run  {last_run}  status {status}  delivery {delivery}",
-                  highlight=False, markup=False)
+        say(f"{job_id}  {name}  ({kind} → {target})")
+        say(f"  schedule  {schedule}")
+        say(f"  next run  {next_run}")
+        say(f"  last run  {last_run}  status {status}  delivery {delivery}")
 
 
 @cron_app.command("remove")
@@ -163,7 +190,7 @@ def cron_remove(job_id: Annotated[str, typer.Argument(help="The job's id (see `l
 
     if not run_sync(_open(config, fn)):
         raise fail(f"no job {job_id!r} (see `parley cron list`)")
-    out.print(f"removed {job_id}", highlight=False)
+    say(f"removed {job_id}")
 
 
 @cron_app.command("run")
@@ -178,5 +205,5 @@ def cron_run(job_id: Annotated[str, typer.Argument(help="The job's id (see `list
 
     if not run_sync(_open(config, fn)):
         raise fail(f"no job {job_id!r} (see `parley cron list`)")
-    out.print(f"run of {job_id} requested: the gateway runs it within "
-              f"{config.cron.poll_interval:g}s (or when it next starts)", highlight=False)
+    say(f"run of {job_id} requested: the gateway runs it within "
+        f"{config.cron.poll_interval:g}s (or when it next starts)")

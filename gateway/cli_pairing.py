@@ -1,4 +1,4 @@
-"""``parley pairing list|approve``: the owner's side of pairing (see ``gateway/pairing.py``).
+"""``parley pairing list|approve|revoke``: the owner's side of pairing (see ``gateway/pairing.py``).
 
 Runs beside a live gateway: both open the same SQLite database, and the gateway reads the
 approval on the user's next message.
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gateway.cli_common import ConfigOpt, fail, load, out, run_sync, with_store
+from gateway.cli_common import ConfigOpt, add_row, fail, load, out, run_sync, say, with_store
 from gateway.kernel.pairing import PairingStore, normalize_code
 
 # gateway.cli imports this module to register it, so its helpers are imported when a command
@@ -42,12 +42,12 @@ def pairing_list(
     pending, approved = run_sync(with_store(config, fn))
     table = Table("channel", "code", "user id", "name", "expires", title="Pending")
     for p in pending:
-        table.add_row(p.channel, p.code, p.user_id, p.user_name or "", _when(p.expires_at))
-    out.print(table if pending else "no pending codes", highlight=False)
+        add_row(table, p.channel, p.code, p.user_id, p.user_name or "", _when(p.expires_at))
+    out.print(table) if pending else say("no pending codes")
     table = Table("channel", "user id", "name", "approved", title="Approved")
     for a in approved:
-        table.add_row(a.channel, a.user_id, a.user_name or "", _when(a.approved_at))
-    out.print(table if approved else "no approved users", highlight=False)
+        add_row(table, a.channel, a.user_id, a.user_name or "", _when(a.approved_at))
+    out.print(table) if approved else say("no approved users")
 
 
 @pairing_app.command("approve")
@@ -69,4 +69,24 @@ def pairing_approve(
                     f"expired after an hour; see `parley pairing list`)")
     who = f"{approval.user_name} (id {approval.user_id})" if approval.user_name \
         else f"user {approval.user_id}"
-    out.print(f"approved {who} on {channel}", highlight=False)
+    say(f"approved {who} on {channel}")
+
+
+@pairing_app.command("revoke")
+def pairing_revoke(
+    channel: Annotated[str, typer.Argument(help="The channel: telegram, discord, ...")],
+    user_id: Annotated[str, typer.Argument(help="The approved user's id (see `list`).")],
+    config_path: ConfigOpt = None,
+) -> None:
+    """Withdraw an approval: the user gets a pairing code again instead of answers."""
+
+    config = load(config_path)
+
+    async def fn(store: Any) -> bool:
+        return await PairingStore(store).revoke(channel, user_id)
+
+    if not run_sync(with_store(config, fn)):
+        raise fail(f"user {user_id!r} is not approved on {channel} (see `parley pairing "
+                   "list`)")
+    say(f"revoked user {user_id} on {channel}; a running gateway stops answering them within "
+        "a minute")

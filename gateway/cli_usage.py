@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.table import Table
 
-from gateway.cli_common import ConfigOpt, fail, load, out, run_sync, with_store
+from gateway.cli_common import ConfigOpt, add_row, fail, load, out, run_sync, with_store
 
 # gateway.cli imports this module to register it: the rest is imported when a command runs.
 By = Literal["person", "chat", "model", "day", "session", "turn", "kind"]
@@ -65,6 +65,6 @@ def usage_command(
     table = Table(by or "", "calls", "tokens in", "tokens out", "cost",
                   title=f"Usage since {first}" if first else "Usage")
     for row in rows:
-        table.add_row(row.key, f"{row.calls:,}", f"{row.prompt_tokens:,}",
-                      f"{row.completion_tokens:,}", f"{row.cost:.4f}")
+        add_row(table, row.key, f"{row.calls:,}", f"{row.prompt_tokens:,}",
+                f"{row.completion_tokens:,}", f"{row.cost:.4f}")
     out.print(table)

@@ -58,7 +58,7 @@ from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfi
 from gateway.kernel.store_sql import hide_password, is_postgres_url
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
+    "DEFAULT_CONFIG_PATH", "SECRETS_FILE", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
     "CompactionConfig", "Config", "ConfigError", "ContextConfig", "CronConfig",
     "CronToolConfig", "DeliveryConfig", "DiscordChannelConfig", "Duration", "ExecSandboxConfig",
     "ExecToolConfig", "FallbackModelConfig", "FileToolsConfig", "HeartbeatConfig", "IdList",
@@ -66,7 +66,7 @@ __all__ = [
     "MemoryConfig", "MessageToolConfig", "OptionalSecret", "OptionalStr", "Section",
     "SpawnToolConfig", "TelegramChannelConfig", "TerminalChannelConfig", "ToolsConfig",
     "TrustConfig", "WebSearchConfig", "WebToolsConfig", "WebchatChannelConfig",
-    "find_config_path", "load_config", "parse_config", "parse_duration",
+    "find_config_path", "load_config", "parse_config", "parse_duration", "read_env_file",
 ]
 
 DEFAULT_CONFIG_PATH = Path("~/.parley/config.yaml")
@@ -214,6 +214,34 @@ def find_config_path(explicit: str | Path | None = None) -> Path:
     return DEFAULT_CONFIG_PATH.expanduser()
 
 
+SECRETS_FILE = "secrets.env"
+"""Beside the config: ``NAME=value`` lines that ``${NAME}`` reads when the environment has no
+NAME (``parley onboard`` keeps the keys it is given there, mode 600, never in the config)."""
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``NAME=value`` lines (``#`` comments, blank lines, optional quotes, ``export``)."""
+    found: dict[str, str] = {}
+    if not path.is_file():
+        return found
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [("", f"cannot read it: {exc.strerror}")]) from None
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError(str(path), [(f"line {number}", "expected NAME=value")])
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        found[name] = value
+    return found
+
+
 def load_config(explicit: str | Path | None = None, *, env: dict[str, str] | None = None) -> Config:
     path = find_config_path(explicit)
     if not path.exists():
@@ -226,4 +254,6 @@ def load_config(explicit: str | Path | None = None, *, env: dict[str, str] | Non
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(str(path), [(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) \
             from None
+    if env is None:  # the environment wins over the file beside the config
+        env = {**read_env_file(path.parent / SECRETS_FILE), **os.environ}
     return parse_config(data, source=str(path), env=env, path=path.resolve())

@@ -14,20 +14,26 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
+_COMPOUND = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h|d)\s*){2,}$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: Any) -> float:
-    """``90s``, ``30m``, ``2h``, ``1.5d`` or a bare number of seconds → seconds."""
+    """``90s``, ``30m``, ``2h``, ``1.5d``, ``1h30m`` or a bare number of seconds → seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90s, 30m or 2h")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
         match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"{value!r} is not a duration; write it like 90s, 30m or 2h")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if match:
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        elif _COMPOUND.match(str(value)):  # 1h30m, 1d 12h
+            seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(str(value)))
+        else:
+            raise ValueError(f"{value!r} is not a duration; write it like 90s, 30m, 2h or "
+                             "1h30m")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds

@@ -164,6 +164,14 @@ class PairingStore:
                              (channel, user_id))
         return Approval(channel, user_id, user_name, now)
 
+    async def revoke(self, channel: str, user_id: str) -> bool:
+        """Withdraw ``user_id``'s approval; False when there was none."""
+        await self.setup()
+        async with self._store.transaction() as db:
+            cur = await db.execute("DELETE FROM pairing_approvals WHERE channel = ? AND "
+                                   "user_id = ?", (channel, user_id))
+            return cur.rowcount > 0
+
     async def pending(self, channel: str | None = None) -> list[PairingCode]:
         await self.setup()
         where, params = self._where(channel)

@@ -10,6 +10,7 @@ time the spring change skips runs when the clocks reach it (02:30 becomes 03:00)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -36,18 +37,39 @@ def zone(name: str) -> ZoneInfo:
             from None
 
 
+_TIME_OF_DAY = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?$")
+
+
+def next_time_of_day(hour: int, minute: int, second: int, tz: str, now: datetime) -> datetime:
+    """The first ``hour:minute`` in ``tz`` after ``now`` (today, else tomorrow) → aware UTC.
+    A time the spring change skips is read as the clocks read it after the change."""
+    local = now.astimezone(zone(tz))
+    for days in range(3):
+        day = (local + timedelta(days=days)).date()
+        when = datetime(day.year, day.month, day.day, hour, minute, second,
+                        tzinfo=zone(tz)).astimezone(UTC)
+        if when > now:
+            return when
+    raise ScheduleError(f"no {hour:02d}:{minute:02d} after {now.isoformat()}")  # unreachable
+
+
 def parse_at(text: str, tz: str, now: datetime) -> datetime:
-    """An ISO time (naive: in ``tz``) or a delay from ``now`` such as ``20m`` → aware UTC."""
+    """An ISO time (naive: in ``tz``), a time of day such as ``09:00`` (the next one, in
+    ``tz``) or a delay from ``now`` such as ``20m`` or ``1h30m`` → aware UTC."""
     value = text.strip()
     try:
         return now + timedelta(seconds=parse_duration(value.removeprefix("+")))
     except ValueError:
         pass
+    if match := _TIME_OF_DAY.match(value):
+        return next_time_of_day(int(match.group(1)), int(match.group(2)),
+                                int(match.group(3) or 0), tz, now)
     try:
         when = datetime.fromisoformat(value.replace(" ", "T", 1) if " " in value else value)
     except ValueError:
-        raise ScheduleError(f"{text!r} is not a time; write 2025-06-01T09:00 (in {tz}), "
-                            "2025-06-01T09:00+02:00, or a delay such as 20m") from None
+        raise ScheduleError(f"{text!r} is not a time; write 09:00 (the next one, in {tz}), "
+                            "2025-06-01T09:00, 2025-06-01T09:00+02:00, or a delay such as 20m "
+                            "or 1h30m") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=zone(tz))
     return when.astimezone(UTC)

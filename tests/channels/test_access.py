@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from channels.access import Access, AccessRules
+from channels.access import APPROVAL_TTL, Access, AccessRules
 from channels.discord_convert import access_rules as discord_rules
 from channels.incoming import Incoming, Sender
 from channels.telegram_convert import access_rules as telegram_rules
@@ -127,6 +127,20 @@ async def test_an_approval_counts_at_once(pairing: PairingStore) -> None:
     assert await access.verdict(direct(BOB)) == "serve"  # approved by the owner: no restart
     assert await access.verdict(group(BOB)) == "serve"  # and may address it in groups
     assert await access.trust(BOB) == "member"
+
+
+async def test_a_revoked_approval_ends_within_the_ttl(pairing: PairingStore) -> None:
+    now = [0.0]
+    access = Access("chat", rules(), pairing, monotonic=lambda: now[0])
+    code = await pairing.request("chat", BOB.id)
+    await pairing.approve("chat", code.code)
+    assert await access.verdict(direct(BOB)) == "serve"
+    assert await pairing.revoke("chat", BOB.id)  # `parley pairing revoke`, another process
+    assert not await pairing.revoke("chat", BOB.id)
+    assert await access.verdict(direct(BOB)) == "serve"  # believed for APPROVAL_TTL
+    now[0] += APPROVAL_TTL
+    assert await access.verdict(direct(BOB)) == "pair"
+    assert await access.trust(BOB) == "guest"
 
 
 @pytest.mark.parametrize(("settings", "sender", "verdict", "trust"), [

@@ -132,7 +132,8 @@ async def test_interactive_chat(tmp_path: Path, llm: ScriptedLLM) -> None:
 
 
 async def test_onboard_writes_a_working_setup(tmp_path: Path) -> None:
-    code, out, _ = await parley("onboard", "--dir", str(tmp_path / "home"))
+    code, out, _ = await parley("onboard", "--dir", str(tmp_path / "home"),
+                                "--non-interactive", "--skip-test")
     assert code == 0
     config = tmp_path / "home" / "config.yaml"
     for name in ("SOUL.md", "IDENTITY.md", "AGENTS.md", "USER.md", "TOOLS.md", "HEARTBEAT.md",
@@ -200,7 +201,7 @@ async def test_status_says_how_exec_runs_and_why_not(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         config = write_config(tmp_path / name, None, tools={"exec": exec_config})
         code, out, err = await parley("status", "--config", str(config))
-        assert code == 0, err
+        assert code == 1, err  # no gateway runs
         assert exec_line(out).startswith(expected), out
 
 

@@ -22,12 +22,12 @@ def errors_of(data: Any, env: dict[str, str] | None = None) -> list[tuple[str, s
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5d", 129600), ("250ms", 0.25), (45, 45),
-    ("12", 12)])
+    ("12", 12), ("1h30m", 5400), ("1d 12h", 129600), ("2m30s", 150)])
 def test_durations(text: Any, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("bad", ["soon", "5 minutes", "-3s", True])
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", "-3s", True, "1h30", "h30m", "1h-30m"])
 def test_bad_durations(bad: Any) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)
@@ -123,3 +123,20 @@ def test_bad_usage_limits_and_models_are_named() -> None:
     assert "'default' is reserved" in errs["agent.models.aliases"]
     errs = dict(errors_of({"agent": {"chats": {"local:x": {"model": "smart"}}}}))
     assert "chats.local:x.model: 'smart' is not an alias" in errs["agent"]
+
+
+def test_secrets_env_beside_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``${NAME}`` reads the environment first, then ``secrets.env`` beside the config."""
+    monkeypatch.delenv("PARLEY_T_KEY", raising=False)
+    monkeypatch.setenv("PARLEY_T_BASE", "http://from-env/v1")
+    (tmp_path / "config.yaml").write_text("agent:\n  api_key: ${PARLEY_T_KEY}\n"
+                                          "  api_base: ${PARLEY_T_BASE}\n")
+    (tmp_path / "secrets.env").write_text("# keys\nexport PARLEY_T_KEY='sk-file'\n"
+                                          "PARLEY_T_BASE=http://from-file/v1\n")
+    config = load_config(tmp_path / "config.yaml")
+    assert config.agent.api_key == "sk-file"
+    assert config.agent.api_base == "http://from-env/v1"
+    (tmp_path / "secrets.env").write_text("not a line\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "config.yaml")
+    assert info.value.errors == [("line 1", "expected NAME=value")]

@@ -27,6 +27,24 @@ def utc(text: str) -> datetime:
 
 # schedules ---------------------------------------------------------------------------------
 
+def test_at_a_time_of_day_is_the_next_one_in_the_timezone() -> None:
+    # START is 09:00 in Berlin: 09:00 itself is tomorrow, 10:30 still today.
+    assert Schedule.parse("at", "09:00", tz=BERLIN, now=START).next_after(START) == \
+        utc("2025-01-07 08:00")
+    assert Schedule.parse("at", "10:30", tz=BERLIN, now=START).next_after(START) == \
+        utc("2025-01-06 09:30")
+    spring = datetime(2025, 3, 29, 12, 0, tzinfo=UTC)  # clocks go forward that night
+    assert Schedule.parse("at", "9:00", tz=BERLIN, now=spring).next_after(spring) == \
+        utc("2025-03-30 07:00")
+    assert Schedule.parse("at", "1h30m", tz=BERLIN, now=START).next_after(START) == \
+        START + timedelta(minutes=90)
+    assert Schedule.parse("every", "1h30m", tz=BERLIN, now=START).interval == \
+        timedelta(minutes=90)
+    for bad in ("24:00", "9:60", "09:00pm"):
+        with pytest.raises(ScheduleError, match="09:00"):
+            Schedule.parse("at", bad, tz=BERLIN, now=START)
+
+
 def test_naive_at_is_read_in_the_given_timezone() -> None:
     winter = Schedule.parse("at", "2025-01-06T10:00", tz=BERLIN, now=START)
     assert winter.next_after(START) == utc("2025-01-06 09:00")

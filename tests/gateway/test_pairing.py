@@ -106,6 +106,13 @@ def test_cli_list_and_approve(tmp_path: Path) -> None:
     assert "no pending code" in again.output
     listed = runner.invoke(app, ["pairing", "list", "telegram", "-c", str(config)])
     assert "no pending codes" in listed.output and "42" in listed.output
+    revoked = runner.invoke(app, ["pairing", "revoke", "telegram", "42", "-c", str(config)])
+    assert revoked.exit_code == 0, revoked.output
+    assert "revoked user 42 on telegram" in revoked.output
+    listed = runner.invoke(app, ["pairing", "list", "telegram", "-c", str(config)])
+    assert "no approved users" in listed.output
+    again = runner.invoke(app, ["pairing", "revoke", "telegram", "42", "-c", str(config)])
+    assert again.exit_code == 1 and "is not approved on telegram" in again.output
 
 
 def test_cli_without_a_database_says_so(tmp_path: Path) -> None:
