@@ -39,6 +39,7 @@ from workspace.bootstrap import seed_workspace
 
 if TYPE_CHECKING:
     from agent.mcp import MCPManager
+    from gateway.cluster import ClusterWorker
 
 _log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Gateway:
         self.manager = ChannelManager(self.bus, config.channels.delivery)
         self.store: Store | None = None
         self.agent: AgentLoop | None = None
+        self.cluster_worker: ClusterWorker | None = None
         self.provider = Provider(config.agent)
         self.local: Any = None
         self._started_at: float | None = None
@@ -118,10 +120,21 @@ class Gateway:
             await self._start_agent_tools(self.store, self.agent)
             # Unanswered messages from the last run go first, ahead of anything new.
             system = [CRON_CHANNEL, HEARTBEAT_CHANNEL] if self._configured else []
-            await self.agent.recover([*self.manager.channels, *system])
+            mine = [*self.manager.channels, *system]
+            if not self.store.claims_inbound:
+                await self.agent.recover(mine)
             await self.manager.start_channels()
-            await self.manager.start(self.store)
+            await self.manager.start(self.store, resend=not self.store.claims_inbound)
             await self.agent.start()
+            if self.store.claims_inbound:  # several processes: take this one's share
+                from gateway.cluster import ClusterWorker  # psycopg only where it is used
+                from gateway.kernel.store_pg import PgStore
+
+                assert isinstance(self.store, PgStore)
+                self.cluster_worker = ClusterWorker(self.store, self.bus, self.manager,
+                                                    lease=self.config.cluster.lease,
+                                                    channels=mine)
+                await self.cluster_worker.start()
             await self._start_schedules(self.store, self.agent)
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
@@ -231,6 +244,9 @@ class Gateway:
             if schedule is not None:
                 await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))
+        if self.cluster_worker is not None:  # after the turns and deliveries it fed
+            await self.cluster_worker.stop()
+            self.cluster_worker = None
         await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
@@ -268,12 +284,16 @@ class Gateway:
             }
         agent = self.agent
         healthy = all(c["state"] == "connected" for c in channels.values())
+        cluster = self.cluster_worker.health() if self.cluster_worker else None
+        if cluster is not None and not cluster["taking_work"]:
+            healthy = False
         return {
             "status": "ok" if healthy else "degraded",
             "gateway": self._state,
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
             "channels": channels,
+            **({"cluster": cluster} if cluster is not None else {}),
             "busy_sessions": agent.busy_sessions if agent else 0,
             "queued_messages": agent.queued if agent else 0,
             "inbound_queue": self.bus.inbound_size,

@@ -15,7 +15,8 @@ from gateway.kernel.store import Store
 from gateway.kernel.store_sql import TABLE_SETS, TableSet
 
 OWNERS = ("gateway.kernel.store_schema", "gateway.kernel.pairing", "gateway.kernel.cron_jobs",
-          "channels.webchat_store", "channels.discord_cursors", "channels.sent_parts")
+          "channels.webchat_store", "channels.discord_cursors", "channels.sent_parts",
+          "gateway.kernel.store_pg_cluster")
 """The modules that own table sets; a new one is added here (docs/architecture.md)."""
 
 BATCH = 500

@@ -72,6 +72,21 @@ __all__ = [
 DEFAULT_CONFIG_PATH = Path("~/.parley/config.yaml")
 
 
+class ClusterConfig(Section):
+    """Several gateway processes on one PostgreSQL store (``database``; gateway/cluster.py)."""
+
+    lease: Duration = 15.0
+    """How long a process that stopped answering (killed, frozen, cut off) keeps its chats
+    and platform connections before the others take them over."""
+
+    @field_validator("lease")
+    @classmethod
+    def _lease(cls, value: float) -> float:
+        if not 0.3 <= value <= 600:
+            raise ValueError("must be between 0.3s and 10m")
+        return value
+
+
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     file: str | None = None
@@ -87,6 +102,7 @@ class Config(Section):
     logging: LoggingConfig = LoggingConfig()
     # several processes on PostgreSQL (issue 19) ----------------------------------------------
     database: OptionalSecret = None
+    cluster: ClusterConfig = ClusterConfig()
     """Empty: SQLite (``data_dir/parley.db``), one process. A ``postgresql://`` URL: the store
     on PostgreSQL, shared by every gateway process given the same URL."""
 

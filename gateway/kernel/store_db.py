@@ -53,6 +53,9 @@ class Database:
     lock, so two concurrent turns never interleave statements in one transaction."""
 
     dialect = "sqlite"
+    claims_inbound = False
+    """True on PostgreSQL: a stored inbound message is queued by the process that claims it
+    (several processes), not by the one that stored it."""
     """``sqlite`` or ``postgresql`` (``store_pg``): the few places that differ ask."""
     target: str
     """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""

@@ -20,7 +20,7 @@ import psycopg
 
 from gateway.kernel.store import Store
 from gateway.kernel.store_schema import CORE
-from gateway.kernel.store_sql import hide_password, to_postgres
+from gateway.kernel.store_sql import TableSet, hide_password, to_postgres
 
 T = TypeVar("T")
 
@@ -137,6 +137,7 @@ class PgStore(Store):
     """``Store`` on PostgreSQL. Open with ``await Store.open("postgresql://...")``."""
 
     dialect = "postgresql"
+    claims_inbound = True
 
     def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:  # noqa: D107
         self._conn = conn
@@ -196,6 +197,14 @@ class PgStore(Store):
         text = postgres if postgres is not None else sqlite_ddl_to_postgres(sql)
         async with self._write_lock:
             await self._call(lambda c: self._conn.execute(text))  # type: ignore[arg-type]
+
+    async def migrate(self, tables: TableSet) -> int:
+        """As on SQLite, one process at a time: several may start together."""
+        await self._call(lambda c: c.execute("SELECT pg_advisory_lock(19)"))
+        try:
+            return await super().migrate(tables)
+        finally:
+            await self._call(lambda c: c.execute("SELECT pg_advisory_unlock(19)"))
 
     async def columns(self, table: str) -> set[str]:
         rows = await self._fetchall(

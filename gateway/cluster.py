@@ -1,0 +1,122 @@
+"""The cluster worker: on a PostgreSQL store, the part of a gateway process that takes its
+share of the work (``gateway/kernel/store_pg_cluster.py`` holds the tables and the SQL).
+
+Claims run when ``NOTIFY parley_inbox`` says a message was stored (by any process) and when
+another process's lease runs out (its chats and undelivered replies may need a new holder),
+never on a polling timer. A claimed message goes to this process's agent like a message its
+own channel received; a claimed reply to its delivery. The lease is renewed every third of
+its length; when that fails (the database is gone, or the others gave this process up for
+dead) the worker stops claiming and says so in health until a renewal works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.delivery import ChannelManager
+from gateway.kernel.bus import MessageBus
+from gateway.kernel.store_pg import PgStore
+from gateway.kernel.store_pg_cluster import ClusterStore
+
+_log = logging.getLogger(__name__)
+
+
+class ClusterWorker:
+    def __init__(self, store: PgStore, bus: MessageBus, manager: ChannelManager, *,
+                 lease: float, channels: list[str]) -> None:
+        self.cluster = ClusterStore(store, lease=lease, channels=channels)
+        self.bus = bus
+        self.manager = manager
+        self.taking_work = False
+        self.problem: str | None = None
+        self.claimed = 0
+        self.members: list[dict[str, Any]] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def me(self) -> str:
+        return self.cluster.me
+
+    async def start(self) -> None:
+        await self.cluster.join()
+        await self.cluster.listen()
+        self.taking_work = True
+        await self._round()  # what the last run (or a dead process) left, first
+        self.members = await self.cluster.members()
+        self._tasks = [asyncio.create_task(self._listen(), name="cluster-listen"),
+                       asyncio.create_task(self._claims(), name="cluster-claims"),
+                       asyncio.create_task(self._renewals(), name="cluster-lease")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.cluster.close()
+        if self.taking_work:
+            try:
+                await self.cluster.leave()
+            except Exception:  # the others take over when the lease runs out
+                _log.warning("could not hand back this process's chats; the others take "
+                             "them over when its lease runs out")
+
+    async def _round(self) -> None:
+        claimed = await self.cluster.claim()
+        for msg in claimed.inbound:
+            await self.bus.enqueue_claimed(msg)
+        self.claimed += len(claimed.inbound)
+        if claimed.outbound:
+            await self.manager.resend(claimed.outbound)
+
+    async def _listen(self) -> None:
+        while True:
+            await self.cluster.wait(None)
+            self._wake.set()
+
+    async def _claims(self) -> None:
+        while True:
+            left = await self.cluster.next_expiry()
+            try:
+                await asyncio.wait_for(self._wake.wait(), None if left is None else left + 0.05)
+            except TimeoutError:
+                pass  # a peer's lease ran out: its chats may need this process
+            self._wake.clear()
+            if self.taking_work:
+                try:
+                    await self._round()
+                except Exception as exc:
+                    _log.error("claiming work failed: %s", exc)
+
+    async def _renewals(self) -> None:
+        while True:
+            await asyncio.sleep(self.cluster.lease / 3)  # the lease's heartbeat, not a poll
+            if await self.cluster.renew():
+                try:
+                    self.members = await self.cluster.members()
+                except Exception:
+                    pass
+                if not self.taking_work:
+                    _log.warning("cluster: the database answers again; taking work")
+                    await self.cluster.join()
+                self.taking_work, self.problem = True, None
+                continue
+            if self.taking_work:
+                self.problem = "lost the database or its lease: not taking new work"
+                _log.error("cluster: %s", self.problem)
+            self.taking_work = False
+            try:  # back as a live process (its old claims may be the others' now: fenced)
+                await self.cluster.join()
+            except Exception:
+                continue
+
+    def health(self) -> dict[str, Any]:
+        """This process and the others as of the last renewal (no I/O: health is cheap)."""
+        out: dict[str, Any] = {"process": self.me, "taking_work": self.taking_work,
+                               "claimed": self.claimed, "lease_seconds": self.cluster.lease,
+                               "processes": self.members}
+        if self.problem:
+            out["problem"] = self.problem
+        return out

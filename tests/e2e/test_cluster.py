@@ -1,0 +1,166 @@
+"""Several gateway processes on one PostgreSQL store (issue 19): real ``parley gateway``
+subprocesses, the scripted model on loopback, one of them killed with SIGKILL mid-run.
+
+Outcomes are read from the database (every inbound message done, each chat's answers once and
+in order in its session and its delivered outbox) after waiting on that state with ``until``;
+the lease is short (configured) so the takeover happens quickly, but nothing is decided by a
+clock: the test waits for the rows, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+import yaml
+
+from tests.e2e.test_durability import _drain_stderr, _start_gateway
+from tests.fakes.openai_server import ScriptedLLM
+
+CHATS, PER_CHAT = 100, 20
+
+
+def _config(tmp_path: Path, llm: ScriptedLLM, database: str, name: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "workspace": "../ws", "data_dir": "data", "database": database,
+        "cluster": {"lease": "5s"},
+        "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
+                  "queue_mode": "followup", "max_concurrent_turns": 16},
+        "channels": {"local": {"port": 0}}}))
+    return path
+
+
+class Watch:
+    """The store's state, read on a separate connection."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.state: dict[str, int] = {}
+
+    async def refresh(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self.url) as conn:
+            cur = await conn.execute(
+                "SELECT status, claimed_by IS NOT NULL, COUNT(*) FROM inbox GROUP BY 1, 2")
+            rows = await cur.fetchall()
+        self.state = defaultdict(int)
+        for status, claimed, n in rows:
+            self.state[status] += n
+            if status == "pending" and claimed:
+                self.state["claimed"] += n
+
+    async def claimed_by(self, pid: int) -> int:
+        async with await psycopg.AsyncConnection.connect(self.url) as conn:
+            cur = await conn.execute(
+                "SELECT COUNT(*) FROM inbox WHERE status = 'pending' AND claimed_by LIKE %s",
+                (f"%:{pid}:%",))
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def _wait_db(watch: Watch, condition: Any, what: str, timeout: float) -> None:
+    """``until`` over the database's state, refreshed between looks."""
+    async def poll() -> None:
+        while True:
+            await watch.refresh()
+            if condition(watch.state):
+                return
+            await asyncio.sleep(0.05)  # paces the reads; the condition decides
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"still waiting after {timeout}s for {what}: "
+                             f"{dict(watch.state)}") from None
+
+
+async def _answers(url: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each chat's answers as its session holds them, and as its outbox delivered them."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute(
+            "SELECT s.key, m.body::json->>'content' FROM messages m JOIN sessions s "
+            "ON s.id = m.session_id WHERE m.role = 'assistant' ORDER BY m.id")
+        sessions: dict[str, list[str]] = defaultdict(list)
+        for key, text in await cur.fetchall():
+            sessions[key.split(":", 1)[1]].append(text)
+        cur = await conn.execute(
+            "SELECT chat_id, payload::json->>'text', status FROM outbox ORDER BY id")
+        outbox: dict[str, list[str]] = defaultdict(list)
+        for chat, text, status in await cur.fetchall():
+            outbox[chat].append(text if status == "delivered" else f"{status}: {text}")
+    return sessions, outbox
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [2, 3])
+async def test_kill_9_of_one_process_loses_and_repeats_nothing(
+        tmp_path: Path, llm: ScriptedLLM, postgres_url: str, processes: int) -> None:
+    llm.echo()
+    procs: list[asyncio.subprocess.Process] = []
+    drains: list[asyncio.Task[None]] = []
+    bases: list[str] = []
+    for n in range(processes):
+        proc, base = await _start_gateway(_config(tmp_path, llm, postgres_url, f"gw{n}"))
+        procs.append(proc)
+        bases.append(base)
+        drains.append(asyncio.create_task(_drain_stderr(proc)))
+    watch = Watch(postgres_url)
+    victim = procs[0]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def post(base: str, chat: int, i: int) -> None:
+                body = {"chat_id": f"chat{chat}", "sender_id": "u1", "text": f"{chat}:{i}",
+                        "message_id": f"{chat}-{i}"}
+                async with http.post(f"{base}/v1/messages", json=body) as resp:
+                    assert resp.status == 202, await resp.text()
+
+            async def feed(chat: int, first: int, last: int, to: list[str]) -> None:
+                for i in range(first, last):  # in order within a chat, any process
+                    await post(to[(chat + i) % len(to)], chat, i)
+
+            half = PER_CHAT // 2
+            await asyncio.gather(*(feed(c, 0, half, bases) for c in range(CHATS)))
+            # mid-run: the victim is holding chats with messages it has not answered yet
+            pid = victim.pid
+            await _wait_db(watch, lambda s: s["done"] >= 100, "100 answered", 120)
+
+            async def victim_busy() -> bool:
+                return await watch.claimed_by(pid) > 0
+            for _ in range(2000):
+                if await victim_busy():
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail("the victim never held unanswered messages")
+            victim.send_signal(signal.SIGKILL)
+            await victim.wait()
+
+            await asyncio.gather(*(feed(c, half, PER_CHAT, bases[1:]) for c in range(CHATS)))
+            await _wait_db(watch, lambda s: s["done"] == CHATS * PER_CHAT and not s["pending"],
+                           "every message answered", 240)
+            survivors = bases[1:]
+            async with http.get(f"{survivors[0]}/v1/health") as resp:
+                cluster = (await resp.json())["cluster"]
+        sessions, outbox = await _answers(postgres_url)
+    finally:
+        for proc in procs[1:]:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs[1:]:
+            await asyncio.wait_for(proc.wait(), 30)
+        await asyncio.gather(*drains, return_exceptions=True)
+
+    assert len(sessions) == CHATS
+    for c in range(CHATS):
+        wanted = [f"echo: {c}:{i}" for i in range(PER_CHAT)]
+        assert sessions[f"chat{c}"] == wanted, f"chat{c}'s session"
+        assert outbox[f"chat{c}"] == wanted, f"chat{c}'s delivered replies"
+    assert cluster["taking_work"] and cluster["processes"]
+    assert all(p["returncode"] == 0 for p in [{"returncode": q.returncode} for q in procs[1:]])
