@@ -135,7 +135,13 @@ class Gateway:
                                                     lease=self.config.cluster.lease,
                                                     channels=mine)
                 await self.cluster_worker.start()
-            await self._start_schedules(self.store, self.agent)
+            if self.cluster_worker is None:
+                await self._start_schedules(self.store, self.agent)
+            else:  # one process runs them: whichever holds their leader lease
+                store, agent = self.store, self.agent
+                self.cluster_worker.leaders["schedules"] = \
+                    lambda: self._start_schedules(store, agent)
+                await self.cluster_worker.try_lead()
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
                 self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up),

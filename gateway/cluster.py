@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.delivery import ChannelManager
@@ -33,6 +34,10 @@ class ClusterWorker:
         self.problem: str | None = None
         self.claimed = 0
         self.members: list[dict[str, Any]] = []
+        self.leaders: dict[str, Callable[[], Awaitable[None]]] = {}
+        """Work one process does at a time (the schedules): started here when this process
+        takes the leader lease of its name, at start or when its holder died."""
+        self.leading: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -63,7 +68,15 @@ class ClusterWorker:
                 _log.warning("could not hand back this process's chats; the others take "
                              "them over when its lease runs out")
 
+    async def try_lead(self) -> None:
+        for name, start in self.leaders.items():
+            if name not in self.leading and await self.cluster.lead(name):
+                self.leading.add(name)
+                _log.info("cluster: this process now runs %s", name)
+                await start()
+
     async def _round(self) -> None:
+        await self.try_lead()
         claimed = await self.cluster.claim()
         for msg in claimed.inbound:
             await self.bus.enqueue_claimed(msg)

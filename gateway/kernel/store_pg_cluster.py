@@ -53,6 +53,11 @@ CREATE TABLE IF NOT EXISTS chat_leases (
     PRIMARY KEY (channel, chat_id)
 );
 CREATE INDEX IF NOT EXISTS chat_leases_holder ON chat_leases(holder);
+CREATE TABLE IF NOT EXISTS leader_leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    since DOUBLE PRECISION NOT NULL
+);
 ALTER TABLE inbox ADD COLUMN IF NOT EXISTS claimed_by TEXT;
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS claimed_by TEXT
     DEFAULT current_setting('parley.process', true);
@@ -181,6 +186,17 @@ class ClusterStore:
             [PendingOutbound(OutboundMessage.from_dict(json.loads(r[1])), r[2],
                              datetime.fromisoformat(r[3])) for r in out])
 
+    async def lead(self, name: str) -> bool:
+        """Hold the leader lease ``name`` (one process at a time: the schedules); True when
+        this process holds it now (it had it, or its holder is dead or gone)."""
+        me = self.me
+        row = await self.store._write(lambda db: db.execute(
+            f"INSERT INTO leader_leases (name, holder, since) VALUES (?, ?, {_NOW}) "
+            "ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, since = EXCLUDED.since "
+            "WHERE leader_leases.holder = EXCLUDED.holder "
+            f"OR leader_leases.holder NOT IN ({_LIVE}) RETURNING holder", (name, me)).fetchone())
+        return row is not None
+
     async def next_expiry(self) -> float | None:
         """Seconds until the first other live process's lease runs out (then its chats may
         need a new holder); None when no other process is alive."""
@@ -195,6 +211,7 @@ class ClusterStore:
         me = self.me
         await self.store._write(lambda db: (
             db.execute("DELETE FROM chat_leases WHERE holder = ?", (me,)),
+            db.execute("DELETE FROM leader_leases WHERE holder = ?", (me,)),
             db.execute("UPDATE inbox SET claimed_by = NULL WHERE claimed_by = ? AND "
                        "status = 'pending'", (me,)),
             db.execute("UPDATE outbox SET claimed_by = NULL WHERE claimed_by = ? AND "
@@ -225,8 +242,11 @@ class ClusterStore:
         (negative: given up for dead) and how many chats it holds."""
         rows = await self.store._fetchall(
             f"SELECT p.id, p.host, p.pid, p.channels, p.expires_at - {_NOW}, "
-            "(SELECT COUNT(*) FROM chat_leases l WHERE l.holder = p.id) "
+            "(SELECT COUNT(*) FROM chat_leases l WHERE l.holder = p.id), "
+            "(SELECT string_agg(name, ',' ORDER BY name) FROM leader_leases l "
+            "WHERE l.holder = p.id) "
             "FROM cluster_processes p ORDER BY p.started_at", ())
         return [{"id": r[0], "host": r[1], "pid": r[2], "channels": json.loads(r[3]),
                  "lease_left": round(float(r[4]), 1), "chats": int(r[5]),
+                 "leads": r[6].split(",") if r[6] else [],
                  "me": r[0] == self.me} for r in rows]

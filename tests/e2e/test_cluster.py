@@ -164,3 +164,63 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         assert outbox[f"chat{c}"] == wanted, f"chat{c}'s delivered replies"
     assert cluster["taking_work"] and cluster["processes"]
     assert all(p["returncode"] == 0 for p in [{"returncode": q.returncode} for q in procs[1:]])
+
+
+@pytest.mark.timeout(180)
+async def test_a_job_due_once_fires_once_across_three_processes(
+        tmp_path: Path, llm: ScriptedLLM, postgres_url: str) -> None:
+    from gateway.kernel.clock import SystemClock
+    from gateway.kernel.cron_jobs import CronJobs, NewJob
+    from gateway.kernel.store import Store
+
+    store = await Store.open(postgres_url)
+    try:
+        jobs = CronJobs(store, clock=SystemClock(), timezone="UTC")
+        await jobs.ensure()
+        await jobs.add(NewJob("tea", "tea time", "at", "1s", "local", "c1"))
+    finally:
+        await store.close()
+    procs: list[asyncio.subprocess.Process] = []
+    bases: list[str] = []
+    drains: list[asyncio.Task[None]] = []
+    for n in range(3):
+        path = _config(tmp_path, llm, postgres_url, f"gw{n}")
+        data = yaml.safe_load(path.read_text())
+        data["cron"] = {"poll_interval": "0.2s"}
+        path.write_text(yaml.safe_dump(data))
+        proc, base = await _start_gateway(path)
+        procs.append(proc)
+        bases.append(base)
+        drains.append(asyncio.create_task(_drain_stderr(proc)))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def records(wait: str = "0") -> list[str]:
+                out: list[str] = []
+                for base in bases:  # each waits up to ``wait`` s for a record (long poll)
+                    async with http.get(f"{base}/v1/messages",
+                                        params={"chat_id": "c1", "wait": wait}) as resp:
+                        out += [m["text"] for m in (await resp.json())["messages"]]
+                return out
+
+            async def health(base: str) -> dict[str, Any]:
+                async with http.get(f"{base}/v1/health") as resp:
+                    return dict(await resp.json())
+
+            for _ in range(20):  # bounded: at most 20 rounds of three 1 s long polls
+                if await records("1"):
+                    break
+            states = [await health(base) for base in bases]
+            assert all(s["gateway"] == "running" for s in states)
+            assert await records() == ["tea time"]
+            members = states[0]["cluster"]["processes"]
+            leaders = [m for m in members if "schedules" in m["leads"]]
+            assert len(members) == 3 and len(leaders) == 1
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            await asyncio.wait_for(proc.wait(), 30)
+        await asyncio.gather(*drains, return_exceptions=True)
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        cur = await conn.execute("SELECT COUNT(*) FROM cron_runs")
+        assert await cur.fetchone() == (1,)
