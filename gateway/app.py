@@ -123,17 +123,16 @@ class Gateway:
             mine = [*self.manager.channels, *system]
             if not self.store.claims_inbound:
                 await self.agent.recover(mine)
+            else:  # several processes on PostgreSQL: this one takes its share
+                from gateway.cluster import cluster_worker  # psycopg only where it is used
+
+                self.cluster_worker = cluster_worker(self.store, self.bus, self.manager,
+                                                     lease=self.config.cluster.lease,
+                                                     channels=mine)
             await self.manager.start_channels()
             await self.manager.start(self.store, resend=not self.store.claims_inbound)
             await self.agent.start()
-            if self.store.claims_inbound:  # several processes: take this one's share
-                from gateway.cluster import ClusterWorker  # psycopg only where it is used
-                from gateway.kernel.store_pg import PgStore
-
-                assert isinstance(self.store, PgStore)
-                self.cluster_worker = ClusterWorker(self.store, self.bus, self.manager,
-                                                    lease=self.config.cluster.lease,
-                                                    channels=mine)
+            if self.cluster_worker is not None:
                 await self.cluster_worker.start()
             if self.cluster_worker is None:
                 await self._start_schedules(self.store, self.agent)

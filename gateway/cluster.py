@@ -12,12 +12,15 @@ dead) the worker stops claiming and says so in health until a renewal works agai
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from channels.telegram import TelegramChannel
 from gateway.delivery import ChannelManager
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.store import Store
 from gateway.kernel.store_pg import PgStore
 from gateway.kernel.store_pg_cluster import ClusterStore
 
@@ -133,3 +136,23 @@ class ClusterWorker:
         if self.problem:
             out["problem"] = self.problem
         return out
+
+
+def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, lease: float,
+                   channels: list[str]) -> ClusterWorker:
+    """The worker for this process, with a leader lease per connection only one process may
+    hold: a Telegram bot token's getUpdates poller (the others only send, on standby)."""
+    assert isinstance(store, PgStore)
+    worker = ClusterWorker(store, bus, manager, lease=lease, channels=channels)
+    for channel in manager.channels.values():
+        if isinstance(channel, TelegramChannel) and channel.config.mode == "polling":
+            token = channel.config.token.get_secret_value() if channel.config.token else ""
+            name = "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:12]
+            polling = asyncio.Event()
+
+            async def start(polling: asyncio.Event = polling) -> None:
+                polling.set()
+
+            worker.leaders[name] = start
+            channel.poll_gate = polling.wait
+    return worker
