@@ -19,6 +19,7 @@ COPY gateway ./gateway
 COPY channels ./channels
 COPY agent ./agent
 COPY workspace ./workspace
+COPY parley ./parley
 RUN pip install --no-cache-dir -c constraints.txt . && rm -rf /src
 
 RUN useradd --create-home --shell /usr/sbin/nologin parley

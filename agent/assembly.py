@@ -10,17 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.budget import TokenCounter
-from agent.context import BuiltContext, ContextBuilder
+from agent.budget import WINDOW_KEY, TokenCounter, WindowPlan, WindowTooSmall
+from agent.context import BuiltContext, ContextBuilder, TurnState
+from agent.history import HistoryCache
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
-from agent.tools.base import ToolRegistry
-from agent.trust import Audience, ToolFilter
+from agent.tools.base import NO_LOADED, ToolRegistry
+from agent.trust import ALL_TOOLS, Audience, ToolFilter
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Compaction, Store, StoredMessage
 from gateway.kernel.values import ChannelHints
+
+RUNTIME_TOKENS = 150
+"""About what the runtime block takes without memory recall (time, chat, sender, hints)."""
 
 
 class ContextAssembly:
@@ -37,7 +41,10 @@ class ContextAssembly:
         self.hints = hints
         self.models = models
         self._builder: ContextBuilder | None = None
-        self._tools_tokens: dict[ToolFilter, tuple[list[dict[str, Any]], int]] = {}
+        self._history = HistoryCache(store, config.agent.context.max_recent_messages)
+        self._window_problem: str | None = None
+        self._tools_tokens: dict[tuple[ToolFilter, frozenset[str]],
+                                 tuple[list[dict[str, Any]], int]] = {}
 
     @property
     def builder(self) -> ContextBuilder:
@@ -53,44 +60,96 @@ class ContextAssembly:
     @property
     def room(self) -> int:
         """Tokens a request may take: the window less what is kept for the reply."""
-        return (self.builder.max_context_tokens
-                - self.config.agent.context.reply_reserve_tokens)
+        return self.builder.max_context_tokens - self.builder.reply_reserve
+
+    def plan(self) -> WindowPlan:
+        """How the window is shared out for the owner (the largest prompt, every tool):
+        ``plan().problem()`` refuses a window too small, ``plan().warning`` names a tight
+        one."""
+        return _plan(self.config, self.builder, self._schema_tokens(ALL_TOOLS))
 
     async def history(self, session_id: int,
                       compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
         """Messages since the last compaction, at most ``max_recent_messages``; and whether
-        there were more (then the session is due for compaction)."""
-        limit = self.config.agent.context.max_recent_messages
-        start = compaction.first_kept_id if compaction else 0
-        history = await self.store.recent_messages(session_id, limit + 1, from_id=start)
-        return (history[1:], True) if len(history) > limit else (history, False)
+        there were more (then the session is due for compaction). Only the rows written
+        since the session's last turn are read (``agent/history.py``)."""
+        return await self._history.history(session_id, compaction)
 
     def audience(self, msg: InboundMessage) -> Audience:
         """What the sender of ``msg`` may see and do (``agent/trust.py``)."""
         return self.builder.policy.audience(msg)
 
     def build(self, msg: InboundMessage, history: list[StoredMessage],
-              compaction: Compaction | None, *, turn_id: str) -> BuiltContext:
+              compaction: Compaction | None, *, turn_id: str,
+              state: TurnState | None = None) -> BuiltContext:
+        if self._window_problem is None:  # once: the window may be known only now
+            self._window_problem = self.plan().problem() or ""
+        if self._window_problem:
+            raise WindowTooSmall(f"{WINDOW_KEY}: {self._window_problem}")
         audience = self.audience(msg)
         models = self.models
         model = models.model_name(models.alias(msg)) if models is not None else None
         chat_prompt = models.prompt(msg) if models is not None else None
-        return self.builder.build(
+        loaded = self.recently_used(audience.tools, history)
+        built = self.builder.build(
             inbound=msg, history=history,
             hints=self.hints(msg.deliver_to[0] if msg.deliver_to else msg.channel),
-            tools_tokens=self._schema_tokens(audience.tools), session_key=msg.session_key,
-            turn_id=turn_id, compaction=compaction, audience=audience, model=model,
-            chat_prompt=chat_prompt)
+            tools_tokens=self._schema_tokens(audience.tools, loaded),
+            session_key=msg.session_key, turn_id=turn_id, compaction=compaction,
+            audience=audience, model=model, chat_prompt=chat_prompt, state=state)
+        built.loaded = loaded
+        return built
+
+    def recently_used(self, allowed: ToolFilter,
+                      history: list[StoredMessage]) -> frozenset[str]:
+        """Tools not offered at first that the conversation since its last compaction called,
+        or that an always-on skill names (``tools:``): offered in full from the start
+        (relevance, without a ``load_tools`` round trip)."""
+        deferred = self.registry.deferred(allowed)
+        if not deferred:
+            return NO_LOADED
+        used = {c.get("function", {}).get("name") for m in history if m.role == "assistant"
+                for c in m.body.get("tool_calls") or ()}
+        used.update(t for s in self.builder.skills.skills() if s.always and s.available
+                    for t in s.tools)
+        return frozenset(n for n in deferred if n in used) or NO_LOADED
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""
         return TurnBudget(limit=self.room, used=built.snapshot["total_tokens"],
                           count=self.counter.count_message)
 
-    def _schema_tokens(self, allowed: ToolFilter) -> int:
+    def _schema_tokens(self, allowed: ToolFilter, loaded: frozenset[str] = NO_LOADED) -> int:
         # A new list only when tools come or go (MCP), so each audience's count is cached.
-        schemas = self.registry.schemas(allowed)
-        cached = self._tools_tokens.get(allowed)
+        schemas = self.registry.schemas(allowed, loaded)
+        key = (allowed, loaded)
+        cached = self._tools_tokens.get(key)
         if cached is None or cached[0] is not schemas:
-            cached = self._tools_tokens[allowed] = (schemas, self.counter.count_tools(schemas))
+            if len(self._tools_tokens) >= 4096:
+                self._tools_tokens.clear()
+            cached = self._tools_tokens[key] = (schemas, self.counter.count_tools(schemas))
         return cached[1]
+
+
+def _plan(config: Config, builder: ContextBuilder, tools_tokens: int) -> WindowPlan:
+    memory = config.agent.memory
+    return WindowPlan(
+        window=builder.max_context_tokens, reserve=builder.reply_reserve,
+        system=builder.system_prompt().tokens, tools=tools_tokens,
+        runtime=RUNTIME_TOKENS + (memory.recall_max_tokens if memory.enabled else 0),
+        model=None if config.agent.context.max_context_tokens else config.agent.model)
+
+
+def plan_for(config: Config) -> WindowPlan:
+    """The window's plan from the config alone (``parley status`` without a running
+    gateway): the workspace's prompt and the configured tools (exec left out)."""
+    from agent.tools import build_registry
+
+    counter = TokenCounter(config.agent.model)
+    window = None
+    if config.agent.context.max_context_tokens is None:
+        window = context_window(config.agent.model, ask_litellm=False)
+    registry = build_registry(config.agent.tools, memory=config.agent.memory,
+                              timezone=config.agent.timezone)
+    return _plan(config, ContextBuilder(config, counter, window=window),
+                 counter.count_tools(registry.schemas(ALL_TOOLS)))

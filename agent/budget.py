@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,95 @@ class TokenCounter:
         if not schemas:
             return 0
         return self.count_text(json.dumps(schemas, separators=(",", ":")))
+
+
+RESERVE_SHARE = 8
+"""The reply reserve, unless configured: an eighth of the window ..."""
+RESERVE_FLOOR = 256
+"""... at least this many tokens, at most ``agent.max_tokens``."""
+MIN_HISTORY_TOKENS = 512
+"""A window must leave at least this much for history: the last exchange, word for word."""
+TIGHT_HISTORY_TOKENS = 2000
+"""Less room than this for history is named by ``parley status``: few turns stay whole."""
+KEEP_FLOOR_TOKENS = 1500
+"""A compaction keeps at least this much (or half the budget, whichever is less) word for
+word: on a small window the share alone would keep no whole turn."""
+SNIPPET_FLOOR = 200
+SUMMARY_FLOOR = 100
+
+
+def reply_reserve(window: int, configured: int | None, max_tokens: int) -> int:
+    """Tokens kept free for the answer: the configured number, else scaled with the window."""
+    if configured is not None:
+        return configured
+    return min(max_tokens, max(RESERVE_FLOOR, window // RESERVE_SHARE))
+
+
+def keep_tokens(budget: int, share: float, cap: int) -> int:
+    """What a compaction keeps word for word out of a history budget of ``budget``."""
+    return int(min(max(budget * share, min(budget / 2, KEEP_FLOOR_TOKENS)), max(cap, 1)))
+
+
+def snippet_cap(budget: int, configured: int) -> int:
+    """An old tool result's cap in the history: the configured one, a quarter of a small
+    history budget."""
+    return min(configured, max(SNIPPET_FLOOR, budget // 4))
+
+
+def summary_cap(budget: int, configured: int) -> int:
+    """A summary's cap: the configured one, a fifth of a small history budget."""
+    return min(configured, max(SUMMARY_FLOOR, budget // 5))
+
+
+WINDOW_KEY = "agent.context.max_context_tokens"
+
+
+class WindowTooSmall(ValueError):
+    """The model's window, learned at the first turn, cannot hold a request."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """How a window is shared out for the largest audience (the owner's, every tool)."""
+
+    window: int
+    reserve: int
+    system: int
+    tools: int
+    runtime: int
+    model: str | None = None
+    """Set when the window is the model's own (``max_context_tokens`` unset)."""
+
+    @property
+    def fixed(self) -> int:
+        return self.reserve + self.system + self.tools + self.runtime
+
+    @property
+    def history(self) -> int:
+        return self.window - self.fixed
+
+    @property
+    def _whose(self) -> str:
+        return f"{self.model}'s window" if self.model else "the window"
+
+    @property
+    def warning(self) -> str | None:
+        if self.history >= TIGHT_HISTORY_TOKENS:
+            return None
+        return (f"tight: {self._whose} of {self.window:,} tokens ({WINDOW_KEY}) leaves "
+                f"{max(self.history, 0):,} for history; few turns stay word for word")
+
+    def problem(self) -> str | None:
+        """Why this window cannot work (the fixed part and the last exchange do not fit)."""
+        if self.history >= MIN_HISTORY_TOKENS:
+            return None
+        return (f"{self._whose} of {self.window:,} tokens cannot hold the fixed part of a "
+                f"request (system prompt {self.system:,}, tool schemas {self.tools:,}, "
+                f"runtime block ~{self.runtime:,}, reply reserve {self.reserve:,}) and "
+                f"{MIN_HISTORY_TOKENS:,} tokens of history: set {WINDOW_KEY} to at least "
+                f"{self.fixed + MIN_HISTORY_TOKENS:,} if the model has that, else lower "
+                "agent.context.reply_reserve_tokens or trim the workspace's bootstrap files")
+
+    def describe(self) -> dict[str, Any]:
+        return {"window": self.window, "reserve": self.reserve, "fixed": self.fixed,
+                "history": self.history, "warning": self.warning}

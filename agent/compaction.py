@@ -104,10 +104,12 @@ class Compactor:
         self.config = config
 
     async def summarise(self, previous: Compaction | None, old: list[StoredMessage],
-                        focus: str | None = None,
-                        spent: list[LLMResponse] | None = None) -> str:
-        """``spent`` gets the model's answer (for the usage ledger)."""
-        system = SUMMARY_PROMPT.format(max_words=int(self.config.summary_max_tokens * 0.7))
+                        focus: str | None = None, spent: list[LLMResponse] | None = None,
+                        max_tokens: int | None = None) -> str:
+        """``spent`` gets the model's answer (for the usage ledger); ``max_tokens``: the
+        summary's cap (``summary_max_tokens`` unless a small window wants less)."""
+        cap = max_tokens or self.config.summary_max_tokens
+        system = SUMMARY_PROMPT.format(max_words=int(cap * 0.7))
         if focus:
             system += f"\nPay particular attention to: {focus}"
         messages: list[dict[str, Any]] = [
@@ -115,7 +117,7 @@ class Compactor:
             {"role": "user", "content": transcript(previous, old)}]
         try:
             response = await asyncio.wait_for(
-                self.provider.complete(messages, max_tokens=self.config.summary_max_tokens),
+                self.provider.complete(messages, max_tokens=cap),
                 self.config.timeout)
         except TimeoutError as exc:
             raise CompactionFailed(f"the summary took over {self.config.timeout:.0f}s") from exc
@@ -126,24 +128,24 @@ class Compactor:
         summary = (response.content or "").strip()
         if not summary:
             raise CompactionFailed("the model returned an empty summary")
-        return self._cap(summary)
+        return self._cap(summary, cap)
 
-    def _cap(self, summary: str) -> str:
-        """A summary never outgrows ``summary_max_tokens``, whatever the model returned: it is
-        carried into every later summary, so an overlong one would grow without bound."""
+    def _cap(self, summary: str, cap: int) -> str:
+        """A summary never outgrows its cap, whatever the model returned: it is carried into
+        every later summary (and so compacted again with it), so an overlong one would grow
+        without bound."""
         tokens = self.counter.encoding.encode(summary, disallowed_special=())
-        cap = self.config.summary_max_tokens
         if len(tokens) <= cap:
             return summary
         return self.counter.encoding.decode(tokens[:cap]).rstrip() + " […]"
 
     async def compact(self, session_id: int, split: Split, previous: Compaction | None,
-                      focus: str | None = None,
-                      spent: list[LLMResponse] | None = None) -> Compaction:
+                      focus: str | None = None, spent: list[LLMResponse] | None = None,
+                      max_tokens: int | None = None) -> Compaction:
         """Summarise ``split.old`` (with the previous summary) and store the entry."""
         if not split.old:
             raise CompactionFailed("nothing to compact")
-        summary = await self.summarise(previous, split.old, focus, spent)
+        summary = await self.summarise(previous, split.old, focus, spent, max_tokens)
         first_kept = split.first_kept_id if split.first_kept_id is not None \
             else split.old[-1].id + 1
         tokens_before = sum(m.tokens for m in split.old) + (

@@ -16,55 +16,57 @@ import base64
 import hashlib
 import json
 import logging
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import workspace as workspace_package
-from agent.budget import TokenCounter
+from agent.budget import TokenCounter, reply_reserve, snippet_cap
+from agent.snapshots import text_hash
+from agent.system_prompt import (
+    BUILTIN_SKILLS,
+    LAYER_SEPARATOR,
+    Layer,
+    SystemPrompt,
+    SystemPrompts,
+)
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, Media, event_to_dict
 from gateway.kernel.store import Compaction, StoredMessage
 from gateway.kernel.values import ChannelHints
-from workspace.bootstrap import (
-    BOOTSTRAP_FILES,
-    HEARTBEAT_FILE,
-    MEMORY_FILE,
-    OWNER_FILES,
-    BootstrapLoader,
-)
 from workspace.memory import MemoryStore, memory_store_for, recall_block
-from workspace.skills import SkillsIndex
 
 _log = logging.getLogger(__name__)
 
-LAYER_SEPARATOR = "\n\n---\n\n"
+__all__ = ["BUILTIN_SKILLS", "LAYER_SEPARATOR", "BuiltContext", "ContextBuilder", "Layer",
+           "SystemPrompt", "TurnState", "context_hash", "history_groups"]
+
 RUNTIME_TAG = "[Runtime Context — metadata only, not instructions]"
 SUMMARY_TAG = "[Summary of the earlier conversation — older messages were compacted]"
 MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_WINDOW = 32_000
 SUMMARY_TOKENS_CACHE = 1024
-BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
-"""Skills shipped with Parley; a workspace skill of the same name overrides one."""
+LAST_ERROR_CHARS = 160
 
 
 @dataclass(frozen=True, slots=True)
-class Layer:
-    name: str
-    text: str
-    tokens: int
+class TurnState:
+    """What the runtime block says of the session's state: messages queued behind this turn
+    and how the last turn ended (openboa's pending queue and terminal status)."""
 
+    pending: int = 0
+    last_status: str | None = None
+    last_error: str | None = None
 
-@dataclass(frozen=True, slots=True)
-class SystemPrompt:
-    text: str
-    layers: tuple[Layer, ...]
-    tokens: int
-    notes: tuple[str, ...]
-    skills: int
+    def lines(self) -> list[str]:
+        out = []
+        if self.pending:
+            out.append(f"Queued behind this turn: {self.pending} message(s) from this chat")
+        if self.last_status:
+            error = f" ({self.last_error[:LAST_ERROR_CHARS]})" if self.last_error else ""
+            out.append(f"Last turn: {self.last_status}{error}")
+        return out
 
 
 @dataclass(slots=True)
@@ -74,8 +76,16 @@ class BuiltContext:
     """What is stored in history for this input: the text, without runtime block or base64."""
     user_tokens: int
     snapshot: dict[str, Any] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    """The texts the snapshot names by hash (stored once each: ``layer_texts``)."""
     dropped_turns: int = 0
     """Whole turns of history left out to fit: the session is due for compaction."""
+    history_room: int = 0
+    """Tokens the history may take in this request (the window less everything else)."""
+    loaded: frozenset[str] = frozenset()
+    """Tools offered in full from the start beyond the core ones (used lately)."""
+    history_total: int = 0
+    """Tokens of all the history read (before whole turns were dropped to fit)."""
 
 
 def history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
@@ -101,48 +111,25 @@ class ContextBuilder:
         ctx = config.agent.context
         self.workspace = config.workspace_path
         self.max_context_tokens = ctx.max_context_tokens or window or DEFAULT_WINDOW
-        self.loader = BootstrapLoader(self.workspace, max_chars=ctx.bootstrap_max_chars,
-                                      total_max_chars=ctx.bootstrap_total_max_chars)
-        self.skills = SkillsIndex([*([builtin_skills] if builtin_skills else []),
-                                   self.workspace / "skills"])
+        self.reply_reserve = reply_reserve(self.max_context_tokens, ctx.reply_reserve_tokens,
+                                           config.agent.max_tokens)
+        """Tokens kept free for the answer (scaled with the window unless configured)."""
+        self.prompts = SystemPrompts(config, counter, builtin_skills=builtin_skills)
+        self.loader = self.prompts.loader
+        self.skills = self.prompts.skills
         self.tz = ZoneInfo(config.agent.timezone)
         memory = config.agent.memory
         self.memory_enabled = memory.enabled
-        self._system_cache: dict[tuple[bool, bool], tuple[Any, SystemPrompt]] = {}
         self._summary_tokens: dict[int, int] = {}
-        self._chat_prompts: dict[tuple[str, str], tuple[SystemPrompt, SystemPrompt]] = {}
-        """A chat's prompt → (the system prompt it was added to, the result)."""
+        self._kept_cap = 0
         """Compaction id → its summary message's tokens: counted once, not every turn."""
 
     # system ------------------------------------------------------------------------------
 
-    def _identity(self) -> str:
-        return "\n".join([
-            "# Runtime",
-            "You are the agent behind Parley, a chat gateway: people reach you from chat "
-            "channels, and your replies go back to the chat they came from.",
-            f"- OS: {platform.system()} {platform.machine()}",
-            f"- Python: {platform.python_version()}",
-            f"- Workspace: {self.workspace} (file tools and commands work here)",
-        ])
-
     def system_prompt(self, *, heartbeat: bool = False, owner_files: bool = True
                       ) -> SystemPrompt:
-        """The system prompt; without ``owner_files`` it leaves out USER.md and MEMORY.md
-        (a turn whose audience may not see the owner's facts)."""
-        names = (*BOOTSTRAP_FILES, MEMORY_FILE) + ((HEARTBEAT_FILE,) if heartbeat else ())
-        if not owner_files:
-            names = tuple(n for n in names if n not in OWNER_FILES)
-        skills = self.skills.skills()
-        # The skills themselves, not their id(): ids of a freed index generation get reused.
-        sig = (self.loader.signature(names), tuple(skills))
-        key = (heartbeat, owner_files)
-        cached = self._system_cache.get(key)
-        if cached and cached[0] == sig:
-            return cached[1]
-        prompt = self._build_system(names, skills, heartbeat)
-        self._system_cache[key] = (sig, prompt)
-        return prompt
+        """The system prompt (``agent/system_prompt.py``)."""
+        return self.prompts.system_prompt(heartbeat=heartbeat, owner_files=owner_files)
 
     def memory_stores(self, audience: Audience) -> list[MemoryStore]:
         """The memory scopes ``audience`` reads, as (shared, cached) stores."""
@@ -151,46 +138,6 @@ class ContextBuilder:
         memory, tz = self.config.agent.memory, self.config.agent.timezone
         return [memory_store_for(self.workspace, memory, timezone=tz, scope=scope)
                 for scope in audience.recall]
-
-    def _build_system(self, names: tuple[str, ...], skills: list[Any],
-                      heartbeat: bool) -> SystemPrompt:
-        files = {f.name: f for f in self.loader.load(names)}
-        notes = tuple(f"{f.name}: {f.cut}" for f in files.values() if f.cut)
-        parts: list[tuple[str, str]] = [("identity", self._identity())]
-        for name in BOOTSTRAP_FILES:
-            if name in names and name in files and files[name].text:
-                parts.append((name, files[name].text))
-        if MEMORY_FILE in files and files[MEMORY_FILE].text:
-            parts.append(("memory", files[MEMORY_FILE].text))
-        always = [s for s in skills if s.always and s.available]
-        if always:
-            parts.append(("skills_always", "\n\n".join(
-                f"# Skill: {s.name}\n\n{s.body}" for s in always)))
-        listed = [s for s in skills if not (s.always and s.available)]
-        if listed:
-            parts.append(("skills_summary", "# Skills\nRead a skill's file with read_file "
-                          "before using it.\n" + "\n".join(
-                              s.summary_line(self.workspace) for s in listed)))
-        if heartbeat and HEARTBEAT_FILE in files and files[HEARTBEAT_FILE].text:
-            parts.append(("heartbeat", files[HEARTBEAT_FILE].text))
-        layers = tuple(Layer(n, t, self.counter.count_text(t)) for n, t in parts)
-        text = LAYER_SEPARATOR.join(layer.text for layer in layers)
-        return SystemPrompt(text=text, layers=layers, tokens=self.counter.count_text(text) + 4,
-                            notes=notes, skills=len(skills))
-
-    def _with_chat_prompt(self, system: SystemPrompt, text: str) -> SystemPrompt:
-        """``system`` with a chat's own addition as its last layer (counted once per text)."""
-        key = ("chat", text)
-        cached = self._chat_prompts.get(key)
-        if cached is None or cached[0] is not system:
-            layer = Layer("chat_prompt", f"# This chat\n{text}",
-                          self.counter.count_text(f"# This chat\n{text}"))
-            joined = system.text + LAYER_SEPARATOR + layer.text
-            cached = self._chat_prompts[key] = (system, SystemPrompt(
-                text=joined, layers=(*system.layers, layer),
-                tokens=self.counter.count_text(joined) + 4, notes=system.notes,
-                skills=system.skills))
-        return cached[1]
 
     # runtime and user ---------------------------------------------------------------------
 
@@ -203,9 +150,10 @@ class ContextBuilder:
         return recall_block(stores, inbound.text, counter=self.counter)
 
     def runtime_block(self, inbound: InboundMessage, hints: ChannelHints,
-                      recall: str | None = None, model: str | None = None) -> str:
+                      recall: str | None = None, model: str | None = None,
+                      state: TurnState | None = None) -> str:
         """``model``: the one this turn asks (a conversation's ``/model``), else the
-        default."""
+        default; ``state``: the queue behind the turn and the last turn's end."""
         local = inbound.received_at.astimezone(self.tz)
         sender = inbound.sender_name or inbound.sender_id
         if inbound.sender_name:
@@ -227,6 +175,8 @@ class ContextBuilder:
             lines.append(f"Mentioned: {'yes' if inbound.mentioned else 'no'}")
         if inbound.kind != "user":
             lines.append(f"Message kind: {inbound.kind}")
+        if state is not None:
+            lines.extend(state.lines())
         lines.append("Channel hints:")
         lines.extend(f"- {line}" for line in hints.lines())
         if recall:
@@ -282,29 +232,30 @@ class ContextBuilder:
     # assembly -----------------------------------------------------------------------------
 
     def _fit_history(self, history: list[StoredMessage], available: int,
-                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int]:
-        """(messages kept, their tokens, whole turns dropped to fit ``available``)."""
+                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
+        """(messages kept, their tokens, whole turns dropped to fit ``available``, the
+        tokens of all of them)."""
         groups = history_groups(history)
         if len(history) and sum(len(g) for g in groups) < len(history):
             trimmed.append(f"dropped {len(history) - sum(len(g) for g in groups)} message(s) "
                            "of a turn cut by max_recent_messages")
-        snippet_cap = self.config.agent.context.max_tool_snippet_tokens
+        cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
         prepared: list[tuple[list[dict[str, Any]], int]] = []
         shortened = 0
         for group in groups:
             msgs, tokens = [], 0
             for m in group:
                 body, count = m.body, m.tokens
-                if m.role == "tool" and count > snippet_cap:
-                    body, count = self._shorten_tool(body, snippet_cap)
+                if m.role == "tool" and count > cap:
+                    body, count = self.shorten_tool(body, cap)
                     shortened += 1
                 msgs.append(body)
                 tokens += count
             prepared.append((msgs, tokens))
         if shortened:
             trimmed.append(f"shortened {shortened} old tool result(s) to "
-                           f"{snippet_cap} tokens")
-        total = sum(t for _, t in prepared)
+                           f"{cap} tokens")
+        total = everything = sum(t for _, t in prepared)
         dropped = 0
         while prepared and total > available:
             total -= prepared.pop(0)[1]
@@ -312,9 +263,10 @@ class ContextBuilder:
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
-        return [m for msgs, _ in prepared for m in msgs], total, dropped
+        self._kept_cap = cap
+        return [m for msgs, _ in prepared for m in msgs], total, dropped, everything
 
-    def _shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
+    def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode(str(body.get("content") or ""),
                                               disallowed_special=())
         head = self.counter.encoding.decode(tokens[:cap])
@@ -337,7 +289,8 @@ class ContextBuilder:
               hints: ChannelHints, tools_tokens: int = 0, session_key: str = "",
               turn_id: str = "", compaction: Compaction | None = None,
               recall: str | None | bool = True, audience: Audience | None = None,
-              model: str | None = None, chat_prompt: str | None = None) -> BuiltContext:
+              model: str | None = None, chat_prompt: str | None = None,
+              state: TurnState | None = None) -> BuiltContext:
         """``history`` is what was stored after ``compaction`` (if any), oldest first.
         ``recall``: True to search memory now; a replay passes the text the turn recalled
         (memory may have changed since). ``audience``: the sender's (from the policy when
@@ -348,11 +301,11 @@ class ContextBuilder:
         system = self.system_prompt(heartbeat=inbound.kind == "heartbeat",
                                     owner_files=audience.owner_files)
         if chat_prompt:
-            system = self._with_chat_prompt(system, chat_prompt)
+            system = self.prompts.with_chat_prompt(system, chat_prompt)
         model = model or self.config.agent.model
         recalled = self.recall(inbound, audience) if recall is True else (recall or None)
         runtime = {"role": "user", "content": self.runtime_block(inbound, hints, recalled,
-                                                                     model)}
+                                                                     model, state)}
         stored = self.stored_user_message(inbound)
         user = {"role": "user", "content": self.user_content(inbound, stored)}
         summary = [self.summary_message(compaction)] if compaction else []
@@ -360,12 +313,17 @@ class ContextBuilder:
             if compaction else 0
         runtime_tokens = self.counter.count_message(runtime)
         user_tokens = self.counter.count_message(user)
-        reserve = self.config.agent.context.reply_reserve_tokens
+        reserve = self.reply_reserve
         available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
                      - summary_tokens - runtime_tokens - user_tokens)
         trimmed: list[str] = []
-        kept, history_tokens, dropped = self._fit_history(history, max(available, 0), trimmed)
+        kept, history_tokens, dropped, everything = self._fit_history(
+            history, max(available, 0), trimmed)
         messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
+        layer_hashes = self.prompts.layer_hashes(system)
+        texts = {h: layer.text for layer, (_, h) in zip(system.layers, layer_hashes,
+                                                         strict=True)}
+        texts[runtime_hash := text_hash(runtime["content"])] = runtime["content"]
         total = (system.tokens + tools_tokens + summary_tokens + history_tokens
                  + runtime_tokens + user_tokens)
         if total > self.max_context_tokens - reserve:
@@ -384,18 +342,23 @@ class ContextBuilder:
                         else None, "images": sum(1 for m in inbound.media if m.kind == "image"),
                         "memory_recalled": recalled.count("\n- [") if recalled else 0},
             "trimmed": trimmed, "bootstrap_cuts": list(system.notes),
+            # The texts by content hash (``layer_texts``): a replay needs no workspace file.
+            "texts": {"system": layer_hashes, "runtime": runtime_hash},
             # What a replay needs to rebuild exactly these messages from the database.
             "inputs": {"inbound": event_to_dict(inbound),
                        "history_ids": [history[0].id, history[-1].id] if history else None,
+                       "kept_ids": [history[-len(kept)].id, history[-1].id] if kept else None,
+                       "snippet_cap": self._kept_cap,
                        "compaction_id": compaction.id if compaction else None,
                        "hints": {"markup": hints.markup, "max_length": hints.max_length,
                                  "etiquette": hints.etiquette},
                        "tools_tokens": tools_tokens, "recall": recalled, "model": model,
                        "chat_prompt": chat_prompt},
         }
-        return BuiltContext(messages=messages, user_message=stored,
+        return BuiltContext(messages=messages, user_message=stored, texts=texts,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,
-                            dropped_turns=dropped)
+                            dropped_turns=dropped, history_room=max(available, 0),
+                            history_total=everything)
 
 
 def _sent_as_image(media: Media) -> bool:

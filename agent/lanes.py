@@ -52,9 +52,12 @@ Handler = Callable[[Work, Lane], Coroutine[Any, Any, None]]
 
 
 class Lanes:
-    def __init__(self, *, config: AgentConfig, tasks: TaskSet, handle: Handler) -> None:
-        """``handle`` runs one piece of work of a lane (a turn, a command)."""
+    def __init__(self, *, config: AgentConfig, tasks: TaskSet, handle: Handler,
+                 on_queued: Callable[[InboundMessage], None] | None = None) -> None:
+        """``handle`` runs one piece of work of a lane (a turn, a command); ``on_queued``
+        hears of a message that waits behind a running one."""
         self.config = config
+        self._on_queued = on_queued
         self._tasks = tasks
         self._handle = handle
         self._limit = asyncio.Semaphore(config.max_concurrent_turns)
@@ -90,6 +93,8 @@ class Lanes:
         lane.waiting = fold(lane.waiting, self.config.queue_cap)
         if lane.task is None:
             lane.task = self._tasks.spawn(self._drain(key, lane), f"lane:{key}")
+        elif self._on_queued is not None:
+            self._on_queued(msg)
 
     async def _drain(self, key: str, lane: Lane) -> None:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +63,9 @@ class LLMResponse:
 class StreamAssembler:
     """Joins streamed chunk deltas (OpenAI shape, as dicts) into one answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_text: Callable[[str], None] | None = None) -> None:
+        self.on_text = on_text
+        """Called with each piece of content as it arrives (``agent/deltas.py``)."""
         self.text: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self.finish: str | None = None
@@ -78,6 +82,8 @@ class StreamAssembler:
         self.finish = finish_reason or self.finish
         if content:
             self.text.append(content)
+            if self.on_text is not None:
+                self.on_text(content)
         for index, call_id, name, arguments in tool_calls:
             slot = self.calls.setdefault(index or 0, {"id": "", "name": "", "arguments": ""})
             if call_id:
@@ -96,3 +102,54 @@ class StreamAssembler:
                            model=model, finish_reason=self.finish,
                            prompt_tokens=self.prompt_tokens,
                            completion_tokens=self.completion_tokens, latency_ms=latency_ms)
+
+
+def from_response(raw: Any, model: str, started: float) -> LLMResponse:
+    """A litellm answer (``ModelResponse``) as ours."""
+    choice = raw.choices[0]
+    message = choice.message
+    calls = tuple(
+        ToolCall(id=c.id or f"call_{i}", name=c.function.name or "",
+                 arguments=c.function.arguments or "{}")
+        for i, c in enumerate(message.tool_calls or ()))
+    usage = getattr(raw, "usage", None)
+    content = message.content
+    if content and getattr(message, "reasoning_content", None):
+        content = content.lstrip()  # litellm took the <think> block out, not what followed it
+    return LLMResponse(
+        content=without_reasoning(content) or None, tool_calls=calls,
+        model=getattr(raw, "model", None) or model,
+        finish_reason=choice.finish_reason,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        latency_ms=(time.perf_counter() - started) * 1000)
+
+
+async def collect_stream(stream: Any, model: str, started: float,
+                         on_text: Callable[[str], None] | None = None) -> LLMResponse | None:
+    """A litellm stream joined into one answer, each piece of text handed to ``on_text``.
+
+    None: the server counted tokens written, yet no text and no tool call came. That is a
+    proxy answering the stream request with one JSON body, whose message litellm's stream
+    parser drops (it reads only deltas); the caller asks again without streaming."""
+    if not hasattr(stream, "__aiter__"):  # a server that answered the stream request whole
+        answer = from_response(stream, model, started)
+        if on_text is not None and answer.content and not answer.tool_calls:
+            on_text(answer.content)
+        return answer
+    joined = StreamAssembler(on_text)
+    async for chunk in stream:
+        usage = getattr(chunk, "usage", None)
+        if usage:
+            joined.usage(getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0))
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        calls = [(tc.index, tc.id, tc.function.name if tc.function else None,
+                  tc.function.arguments if tc.function else None)
+                 for tc in getattr(delta, "tool_calls", None) or ()]
+        joined.delta(choice.finish_reason, getattr(delta, "content", None), calls)
+    if not joined.text and not joined.calls and joined.completion_tokens > 0:
+        return None
+    return joined.result(model, (time.perf_counter() - started) * 1000)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from agent.assembly import ContextAssembly
-from agent.budget import TokenCounter
+from agent.budget import WINDOW_KEY, TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, refused, run_command
 from agent.compacting import SessionCompaction
 from agent.compaction import Compactor
-from agent.context import ContextBuilder
+from agent.context import BUILTIN_SKILLS, ContextBuilder
 from agent.errors import AgentError
 from agent.lanes import Lane, Lanes
 from agent.limits import Limits
@@ -36,17 +37,21 @@ from agent.runner import Runner
 from agent.sessions import SessionRecorder
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnServices
-from agent.turn_flow import TurnFlow, TurnStats
+from agent.turn_flow import TurnFlow, TurnStats, stage
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.clock import Clock, SystemClock
-from gateway.kernel.config import Config
+from gateway.kernel.config import Config, ConfigError
 from gateway.kernel.events import ChatActivity, InboundMessage
 from gateway.kernel.store import Store
 from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints
 
 _log = logging.getLogger(__name__)
+
+FEW_MESSAGES = 200
+"""A ``max_recent_messages`` below this (an old config's 50) still caps what a turn reads,
+and so compacts by count: said once at start."""
 
 
 class AgentLoop:
@@ -84,11 +89,33 @@ class AgentLoop:
             runner=Runner(provider, registry, max_iterations=config.agent.max_iterations,
                           max_result_chars=config.agent.tools.max_result_chars),
             assembly=self.assembly, compaction=self.compaction, replies=self.replies,
-            stats=self.stats, services=services or (lambda msg: TurnServices()),
+            stats=self.stats, services=self._with_search(services),
             ledger=self.ledger, limits=self.limits, models=self.models, media=self.media)
         self._tasks = TaskSet()
-        self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle)
+        self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle,
+                           on_queued=lambda msg: stage(bus, [msg], "queued"))
         self._dispatcher: asyncio.Task[None] | None = None
+        workspace = config.workspace_path / "skills"
+        skills = config.agent.skills
+        self._skill_folders = tuple(
+            f for f in (BUILTIN_SKILLS, *skills.folders,
+                        *([skills.user_folder] if skills.user_folder else []))
+            if f != workspace)
+        self.window: dict[str, Any] | None = None
+        """How the window is shared out (``WindowPlan.describe``), for ``parley status``."""
+
+    def _with_search(self, services: Callable[[InboundMessage], TurnServices] | None
+                     ) -> Callable[[InboundMessage], TurnServices]:
+        """The gateway's services for a turn, with the search over stored conversations."""
+        base = services or (lambda msg: TurnServices())
+
+        def make(msg: InboundMessage) -> TurnServices:
+            made = base(msg)
+            made.search = self.store.search_messages
+            made.skill_folders = self._skill_folders
+            return made
+
+        return make
 
     @property
     def context(self) -> ContextBuilder:
@@ -98,9 +125,30 @@ class AgentLoop:
     # lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._check_window()
         await self.models.load()
         await self.ledger.load()  # the totals the health endpoint shows
         self._dispatcher = asyncio.create_task(self._dispatch(), name="agent-dispatch")
+
+    def _check_window(self) -> None:
+        """A window too small for the fixed part of a request is refused at start, naming
+        the key. Checked here when the window is known without importing litellm (set, or
+        in its bundled model map); otherwise at the first turn."""
+        context = self.config.agent.context
+        if "max_recent_messages" in context.model_fields_set and \
+                context.max_recent_messages < FEW_MESSAGES:
+            _log.warning("agent.context.max_recent_messages: %d compacts a session every %d "
+                         "turns or so whatever their size; compaction follows tokens now "
+                         "(agent.context.compaction.compact_at_share): remove the key, or "
+                         "raise it", context.max_recent_messages,
+                         max(context.max_recent_messages // 4, 1))
+        if context.max_context_tokens is None and self.provider.needs_litellm:
+            return
+        plan = self.assembly.plan()
+        self.window = plan.describe()
+        problem = plan.problem()
+        if problem is not None:
+            raise ConfigError(str(self.config.source or "config"), [(WINDOW_KEY, problem)])
 
     async def recover(self, channels: list[str]) -> int:
         """Answer what the last run stored but did not answer (a stop or a crash), for the

@@ -15,7 +15,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -100,7 +100,8 @@ class OpenAIHTTP:
         if session is not None and not session.closed:
             await session.close()
 
-    async def complete(self, body: dict[str, Any], model: str) -> LLMResponse:
+    async def complete(self, body: dict[str, Any], model: str,
+                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
         """POST ``body`` (``model`` is the configured name, for errors and the answer).
 
         OpenAI's reasoning models refuse ``max_tokens`` and want ``max_completion_tokens``;
@@ -109,14 +110,15 @@ class OpenAIHTTP:
             body = {**body, "max_completion_tokens": body["max_tokens"]}
             del body["max_tokens"]
         try:
-            return await self._post(body, model)
+            return await self._post(body, model, on_text)
         except ProviderBadRequest as exc:
             if "max_completion_tokens" not in str(exc) or "max_tokens" not in body:
                 raise
         self._completion_tokens_models.add(body["model"])
-        return await self.complete(body, model)
+        return await self.complete(body, model, on_text)
 
-    async def _post(self, body: dict[str, Any], model: str) -> LLMResponse:
+    async def _post(self, body: dict[str, Any], model: str,
+                    on_text: Callable[[str], None] | None) -> LLMResponse:
         started = time.perf_counter()
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         try:
@@ -130,14 +132,18 @@ class OpenAIHTTP:
                             f"{self.url} answered {resp.status} ({_error_text(raw)}); check "
                             "agent.api_base: most servers want it to end in /v1", model=model)
                     raise _status_error(resp.status, raw, resp.headers, model)
-                # Some proxies stream whatever was asked: read what came, not what was asked.
-                if body.get("stream") or resp.content_type == "text/event-stream":
-                    assembler = StreamAssembler()
+                # Some proxies stream whatever was asked, others answer a stream request
+                # with one JSON body: read what came, not what was asked.
+                if _is_stream(resp, body):
+                    assembler = StreamAssembler(on_text)
                     async for event in _sse_events(resp):
                         _stream_event(assembler, event, model)
                     return assembler.result(model, (time.perf_counter() - started) * 1000)
                 payload = _json(await _read(resp, MAX_BODY_BYTES), model)
-                return _from_payload(payload, model, started)
+                answer = _from_payload(payload, model, started)
+                if on_text is not None and answer.content and not answer.tool_calls:
+                    on_text(answer.content)
+                return answer
         except ProviderError:
             raise
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
@@ -153,6 +159,15 @@ class OpenAIHTTP:
         except aiohttp.ClientError as exc:
             raise ProviderUnavailable(f"{type(exc).__name__}: {exc}", model=model,
                                       cause="server_error") from exc
+
+
+def _is_stream(resp: aiohttp.ClientResponse, body: dict[str, Any]) -> bool:
+    """Server-sent events: said so by the content type; a stream request answered with no
+    type that names JSON is read as events too (what most servers that stream send)."""
+    kind = resp.content_type
+    if kind == "text/event-stream":
+        return True
+    return bool(body.get("stream")) and "json" not in kind
 
 
 def _without_credentials(url: str) -> str:

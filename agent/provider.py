@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from agent.deltas import TextDeltas
 from agent.errors import (
     ProviderAuthError,
     ProviderBadRequest,
@@ -29,7 +30,8 @@ from agent.errors import (
     ProviderNotConfigured,
     ProviderUnavailable,
 )
-from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
+from agent.llm_types import LLMResponse, ToolCall, collect_stream, from_response
+from agent.model_health import ModelHealth, counted
 from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import AgentConfig
@@ -127,6 +129,7 @@ class Target:
 class Provider:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.health = ModelHealth(config.degraded_after_failures)  # what /v1/health says
         pools: dict[tuple[str, str | None], OpenAIHTTP] = {}  # one per server and key
         self.targets = self._chain(config.model, config.api_base, config.api_key,
                                    config.fallbacks, pools)
@@ -220,11 +223,15 @@ class Provider:
         problems = [p for t in chain if (p := self._key_problem(t))]
         return problems[0] if len(problems) == len(chain) else None
 
+    @counted
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
-                       max_tokens: int | None = None, alias: str | None = None) -> LLMResponse:
+                       max_tokens: int | None = None, alias: str | None = None,
+                       deltas: TextDeltas | None = None) -> LLMResponse:
         """``max_tokens`` overrides ``agent.max_tokens`` for this call (summaries);
-        ``alias`` picks a model of ``agent.models.aliases`` and its fallbacks."""
+        ``alias`` picks a model of ``agent.models.aliases`` and its fallbacks; ``deltas``
+        gets the answer's text as it is written (the call is streamed then, whatever
+        ``agent.stream`` says)."""
         chain = self.chains.get(alias, self.targets)
         problem = self.configuration_problem(alias)
         if problem:
@@ -234,7 +241,8 @@ class Provider:
             if self._key_problem(target):
                 continue
             try:
-                return await self._complete_with_retries(target, messages, tools, max_tokens)
+                return await self._complete_with_retries(target, messages, tools, max_tokens,
+                                                         deltas)
             except (ProviderUnavailable, ProviderAuthError) as exc:
                 _log.warning("model %s failed after %d attempt(s): %s", target.model,
                              exc.attempts, exc)
@@ -244,12 +252,15 @@ class Provider:
 
     async def _complete_with_retries(self, target: Target, messages: list[dict[str, Any]],
                                      tools: list[dict[str, Any]] | None,
-                                     max_tokens: int | None = None) -> LLMResponse:
+                                     max_tokens: int | None = None,
+                                     deltas: TextDeltas | None = None) -> LLMResponse:
         attempts = self.config.max_retries + 1
         model = target.model
         for attempt in range(1, attempts + 1):
+            if deltas is not None:
+                deltas.restart()  # a retry (or the next model) writes the text again
             try:
-                response = await self._call(target, messages, tools, max_tokens)
+                response = await self._call(target, messages, tools, max_tokens, deltas)
             except ProviderUnavailable as exc:
                 exc.attempts = attempt
                 if attempt == attempts:
@@ -268,7 +279,8 @@ class Provider:
                              max_told=MAX_RETRY_AFTER).delay(attempt, retry_after)
 
     def _body(self, model: str, messages: list[dict[str, Any]],
-              tools: list[dict[str, Any]] | None, max_tokens: int | None) -> dict[str, Any]:
+              tools: list[dict[str, Any]] | None, max_tokens: int | None,
+              stream: bool = False) -> dict[str, Any]:
         """The chat-completions request both routes send."""
         body: dict[str, Any] = {"model": model, "messages": messages,
                                 "max_tokens": max_tokens or self.config.max_tokens}
@@ -276,16 +288,16 @@ class Provider:
             body["tools"] = tools
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
-        if self.config.stream:
+        if self.config.stream or stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         return body
 
     def _kwargs(self, target: Target, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None,
-                max_tokens: int | None = None) -> dict[str, Any]:
+                max_tokens: int | None = None, stream: bool = False) -> dict[str, Any]:
         """litellm's keyword arguments."""
-        kwargs = self._body(target.model, messages, tools, max_tokens)
+        kwargs = self._body(target.model, messages, tools, max_tokens, stream)
         kwargs.update(timeout=self.config.timeout, num_retries=0)
         if target.api_base:
             kwargs["model"] = route(target.model)
@@ -298,9 +310,10 @@ class Provider:
 
     async def _call(self, target: Target, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None,
-                    max_tokens: int | None = None) -> LLMResponse:
+                    max_tokens: int | None = None,
+                    deltas: TextDeltas | None = None) -> LLMResponse:
         try:
-            return await self._call_unscrubbed(target, messages, tools, max_tokens)
+            return await self._call_unscrubbed(target, messages, tools, max_tokens, deltas)
         except ProviderError as exc:
             # What a server says goes to the log and into the chat: some proxies quote the
             # key they refused, whole.
@@ -312,18 +325,29 @@ class Provider:
 
     async def _call_unscrubbed(self, target: Target, messages: list[dict[str, Any]],
                                tools: list[dict[str, Any]] | None,
-                               max_tokens: int | None = None) -> LLMResponse:
+                               max_tokens: int | None = None,
+                               deltas: TextDeltas | None = None) -> LLMResponse:
         model = target.model
+        on_text = deltas.text if deltas is not None else None
+        stream = deltas is not None
         if target.http is not None:
-            body = self._body(model[len("openai/"):], messages, tools, max_tokens)
-            return await target.http.complete(body, model)
+            body = self._body(model[len("openai/"):], messages, tools, max_tokens, stream)
+            return await target.http.complete(body, model, on_text)
         lib = _lib()
         started = time.perf_counter()
         try:
-            raw = await lib.acompletion(**self._kwargs(target, messages, tools, max_tokens))
-            if self.config.stream:
-                return await _collect_stream(raw, model, started)
-            return _from_response(raw, model, started)
+            kwargs = self._kwargs(target, messages, tools, max_tokens, stream)
+            if kwargs.get("stream"):
+                answer = await collect_stream(await lib.acompletion(**kwargs), model, started,
+                                              on_text)
+                if answer is not None:
+                    return answer
+                kwargs.pop("stream_options", None)  # answered whole: ask for it whole
+                kwargs["stream"] = False
+            answer = from_response(await lib.acompletion(**kwargs), model, started)
+            if on_text is not None and answer.content and not answer.tool_calls:
+                on_text(answer.content)
+            return answer
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -352,43 +376,6 @@ def route(model: str) -> str:
 
 def _fields(r: LLMResponse) -> dict[str, Any]:
     return {name: getattr(r, name) for name in r.__slots__}  # type: ignore[attr-defined]
-
-
-def _from_response(raw: Any, model: str, started: float) -> LLMResponse:
-    choice = raw.choices[0]
-    message = choice.message
-    calls = tuple(
-        ToolCall(id=c.id or f"call_{i}", name=c.function.name or "",
-                 arguments=c.function.arguments or "{}")
-        for i, c in enumerate(message.tool_calls or ()))
-    usage = getattr(raw, "usage", None)
-    content = message.content
-    if content and getattr(message, "reasoning_content", None):
-        content = content.lstrip()  # litellm took the <think> block out, not what followed it
-    return LLMResponse(
-        content=without_reasoning(content) or None, tool_calls=calls,
-        model=getattr(raw, "model", None) or model,
-        finish_reason=choice.finish_reason,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-        latency_ms=(time.perf_counter() - started) * 1000)
-
-
-async def _collect_stream(stream: Any, model: str, started: float) -> LLMResponse:
-    joined = StreamAssembler()
-    async for chunk in stream:
-        usage = getattr(chunk, "usage", None)
-        if usage:
-            joined.usage(getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0))
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        delta = choice.delta
-        calls = [(tc.index, tc.id, tc.function.name if tc.function else None,
-                  tc.function.arguments if tc.function else None)
-                 for tc in getattr(delta, "tool_calls", None) or ()]
-        joined.delta(choice.finish_reason, getattr(delta, "content", None), calls)
-    return joined.result(model, (time.perf_counter() - started) * 1000)
 
 
 def _retry_after(exc: Exception) -> float | None:

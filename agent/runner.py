@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.deltas import ThinkFilter
 from agent.provider import LLMResponse, Provider, ToolCall
 from agent.tools.base import ToolRegistry, ToolResult
 from agent.turn import TurnContext
@@ -37,6 +38,14 @@ class TurnBudget:
 ONE_LINE = 120
 
 
+def shortened_result(message: dict[str, Any]) -> dict[str, Any]:
+    """A tool result as the one line it is shortened to (a replay does the same)."""
+    content = str(message.get("content") or "").strip()
+    first = content.splitlines()[0] if content else ""
+    line = first if len(first) <= ONE_LINE else first[:ONE_LINE] + "…"
+    return {**message, "content": f"[shortened to fit the context window] {line}"}
+
+
 def shorten_old_tool_results(convo: list[dict[str, Any]], budget: TurnBudget) -> int:
     """Replace tool results, oldest first and never the latest round's, by one line until the
     conversation fits; returns how many were shortened."""
@@ -49,9 +58,7 @@ def shorten_old_tool_results(convo: list[dict[str, Any]], budget: TurnBudget) ->
         content = m.get("content")
         if m["role"] != "tool" or not isinstance(content, str) or content.startswith("[shortened"):
             continue
-        first = content.strip().splitlines()[0] if content.strip() else ""
-        line = first if len(first) <= ONE_LINE else first[:ONE_LINE] + "…"
-        new = {**m, "content": f"[shortened to fit the context window] {line}"}
+        new = shortened_result(m)
         budget.used += budget.count(new) - budget.count(m)
         convo[i] = new
         shortened += 1
@@ -103,6 +110,10 @@ class RunHooks:
     """What the caller of ``Runner.run`` sees while the loop goes, and may add to it. Every
     hook does nothing by default; override the ones you need."""
 
+    def on_request(self, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None) -> None:
+        """The model is about to be asked with exactly these (each call; for snapshots)."""
+
     def on_response(self, response: LLMResponse) -> None:
         """The model answered (each call, before its message joins the conversation)."""
 
@@ -115,6 +126,44 @@ class RunHooks:
     def steer(self) -> list[dict[str, Any]]:
         """User messages that arrived meanwhile, handed to the model after a tool round."""
         return []
+
+    wants_text = False
+    """Set to have the model's answer streamed into ``on_text`` as it is written."""
+
+    def on_text(self, visible: str) -> None:
+        """More of the answer's text (reasoning left out), as the model writes it."""
+
+    def on_text_reset(self) -> None:
+        """Take back the text shown so far: a retry writes it again, or the model's
+        message turned out to be tool calls rather than the answer."""
+
+
+class _AnswerText:
+    """The ``TextDeltas`` of one run: raw pieces through a ``ThinkFilter`` to the hooks."""
+
+    __slots__ = ("_filter", "_hooks", "_shown")
+
+    def __init__(self, hooks: RunHooks) -> None:
+        self._hooks = hooks
+        self._filter = ThinkFilter()
+        self._shown = False
+
+    def text(self, piece: str) -> None:
+        restart, visible = self._filter.feed(piece)
+        if restart:
+            self.reset()
+        if visible:
+            self._shown = True
+            self._hooks.on_text(visible)
+
+    def restart(self) -> None:
+        self._filter = ThinkFilter()
+        self.reset()
+
+    def reset(self) -> None:
+        if self._shown:
+            self._shown = False
+            self._hooks.on_text_reset()
 
 
 class Transcript(RunHooks):
@@ -155,15 +204,18 @@ class Runner:
             hooks.on_message(message)
 
         seen: Counter[str] = Counter()
-        tools = self.registry.schemas(ctx.access.tools) or None
         counted = len(convo)
+        deltas = _AnswerText(hooks) if hooks.wants_text else None
         for _ in range(self.max_iterations):
+            tools = self.registry.schemas(ctx.access.tools, ctx.notes.loaded) or None
             if budget is not None:
                 budget.used += sum(budget.count(m) for m in convo[counted:])
                 counted = len(convo)
                 if budget.used > budget.limit:
                     result.shortened += shorten_old_tool_results(convo, budget)
-            response = await self.provider.complete(convo, tools, alias=ctx.model)
+            hooks.on_request(convo, tools)
+            response = await self.provider.complete(convo, tools, alias=ctx.model,
+                                                    deltas=deltas)
             result.responses.append(response)
             hooks.on_response(response)
             add(response.assistant_message())
@@ -173,6 +225,8 @@ class Runner:
                     result.text = "(The model returned an empty answer.)"
                     result.stop_reason = "empty"
                 return result
+            if deltas is not None:
+                deltas.restart()  # text written beside tool calls is not the answer
             await hooks.progress(f"running {', '.join(c.name for c in response.tool_calls)}")
             outputs = await asyncio.gather(
                 *(self._run_one(call, ctx, seen) for call in response.tool_calls))

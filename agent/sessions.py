@@ -24,8 +24,13 @@ class TurnRecord:
     sources: list[InboundMessage]
     """The stored inbound messages this turn answers (marked done with it)."""
     snapshot: dict[str, Any] | None = None
+    texts: dict[str, str] | None = None
+    """The texts the snapshot names by content hash (stored once per distinct text)."""
     usage: UsageTags | None = None
     """Whose the turn's model calls are (the usage ledger); None: untagged."""
+    index: tuple[str, str | None] | None = None
+    """(chat, person) its messages are found under by ``session_search``; None: not
+    indexed."""
 
 
 class SessionRecorder:
@@ -51,7 +56,8 @@ class SessionRecorder:
         await self.store.save_turn(
             session_id=turn.session_id, turn_id=turn.turn_id, inbound_id=turn.inbound_id,
             messages=messages, status=status, error=error, calls=calls,
-            snapshot=turn.snapshot, started_at=turn.started_at, done=turn.sources,
-            outbound=outbound, usage=turn.usage)
+            snapshot=turn.snapshot, texts=turn.texts, started_at=turn.started_at,
+            done=turn.sources,
+            outbound=outbound, usage=turn.usage, index=turn.index)
         if self.ledger is not None and turn.usage is not None:
             self.ledger.recorded(turn.usage, calls)

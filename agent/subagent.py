@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from typing import Any
 
 from agent.budget import TokenCounter
+from agent.context import context_hash
 from agent.errors import ProviderError
 from agent.provider import Provider
-from agent.runner import Runner, RunResult, Transcript
+from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
+from agent.snapshots import RecordingTranscript, text_hash
 from agent.tools.base import ToolError, ToolRegistry
 from agent.turn import TurnContext, TurnNotes, TurnServices
 from agent.usage import Ledger
@@ -52,8 +55,9 @@ Current time: {now}"""
 def subagent_registry(parent: ToolRegistry) -> ToolRegistry:
     """The parent's tools (MCP ones too) less those a subagent must not have."""
     tools = (parent.get(name) for name in parent.names)
-    return ToolRegistry(t for t in tools if t is not None and t.group not in EXCLUDED_GROUPS
-                        and t.name not in EXCLUDED_NAMES)
+    return ToolRegistry((t for t in tools if t is not None and t.group not in EXCLUDED_GROUPS
+                         and t.name not in EXCLUDED_NAMES),
+                        core=parent.core.patterns if parent.core is not None else None)
 
 
 class SubagentManager:
@@ -70,7 +74,8 @@ class SubagentManager:
         self.bus = bus
         self.store = store
         self.ledger = ledger
-        self.recorder = SessionRecorder(store, TokenCounter(config.agent.model), ledger) \
+        self.counter = TokenCounter(config.agent.model)
+        self.recorder = SessionRecorder(store, self.counter, ledger) \
             if store is not None else None
         self.running = 0
         self.finished = 0
@@ -136,17 +141,18 @@ class SubagentManager:
         system = SYSTEM_PROMPT.format(workspace=ctx.workspace,
                                       now=ctx.received_at.strftime("%Y-%m-%d %H:%M %Z (%A)"))
         user = {"role": "user", "content": task}
+        messages = [{"role": "system", "content": system}, user]
+        snapshot, texts = self._snapshot(sub_ctx, key, messages)
         runner = Runner(self.provider, subagent_registry(self.registry),
                         max_iterations=self.settings.max_iterations,
                         max_result_chars=self.config.agent.tools.max_result_chars)
         started = utcnow()
-        transcript = Transcript()  # what was done, should it time out or fail
+        # what was done, should it time out or fail; and each model call's snapshot entry
+        transcript = RecordingTranscript(snapshot, texts, messages)
         _log.info("subagent %s started for %s", sub_id, ctx.session_key)
         try:
             async with asyncio.timeout(self.settings.timeout):
-                result = await runner.run(
-                    messages=[{"role": "system", "content": system}, user], ctx=sub_ctx,
-                    hooks=transcript)
+                result = await runner.run(messages=messages, ctx=sub_ctx, hooks=transcript)
         except TimeoutError:
             result = transcript.so_far
             result.stop_reason = "timeout"
@@ -163,9 +169,26 @@ class SubagentManager:
                 TurnRecord(session_id=session_id, turn_id=sub_ctx.turn_id, inbound_id=None,
                            started_at=started, user_message=user,
                            user_tokens=self.recorder.counter.count_message(user), sources=[],
+                           snapshot=snapshot, texts=texts,
                            usage=self.ledger.tags(ctx.message) if self.ledger else None),
                 result, status=result.stop_reason)
         return result
+
+    def _snapshot(self, ctx: TurnContext, key: str, messages: list[dict[str, Any]]
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
+        """A subagent's snapshot, like a turn's: its prompt stored by content hash, so
+        ``parley context show subagent:... --full`` rebuilds each of its model calls."""
+        system, user = messages[0]["content"], messages[1]
+        counter = self.counter
+        layers = {"subagent": counter.count_text(system), "user": counter.count_message(user)}
+        snapshot = {
+            "kind": "subagent", "session_key": key, "turn_id": ctx.turn_id,
+            "hash": context_hash(messages), "trust": ctx.message.trust,
+            "model": self.config.agent.model, "total_tokens": sum(layers.values()) + 4,
+            "max_context_tokens": 0, "layers": layers,
+            "sources": {"parent": ctx.message.session_key}, "trimmed": [],
+            "bootstrap_cuts": [], "texts": {"system": [["subagent", text_hash(system)]]}}
+        return snapshot, {text_hash(system): system}
 
     async def stop(self) -> None:
         """Cancel background subagents (their results are lost); safe to call twice."""

@@ -19,6 +19,7 @@ from gateway.kernel.events import InboundMessage, new_id
 if TYPE_CHECKING:
     from gateway.kernel.cron_jobs import CronJob, NewJob
     from gateway.kernel.events import OutboundMessage
+    from gateway.kernel.store import SearchHit
     from gateway.kernel.values import Delivery
 
 
@@ -27,6 +28,13 @@ class Spawner(Protocol):
     (``agent/subagent.py``)."""
 
     async def __call__(self, ctx: TurnContext, task: str, *, background: bool) -> str: ...
+
+
+class MessageSearch(Protocol):
+    """``Store.search_messages``: past messages of one chat (and person) matching a query."""
+
+    async def __call__(self, query: str, *, chat: str | None, person: str | None = None,
+                       limit: int = 5) -> list[SearchHit]: ...
 
 
 class CronService(Protocol):
@@ -58,6 +66,11 @@ class TurnServices:
     """Scheduled jobs; None where the gateway runs no scheduler (``parley chat``)."""
     spawn: Spawner | None = None
     """Runs a task in a subagent (``agent/subagent.py``); None where spawning is off."""
+    search: MessageSearch | None = None
+    """Searches stored conversations (``session_search``); the scope is the tool's to set."""
+    skill_folders: tuple[Path, ...] = ()
+    """Skill folders outside the workspace (built-in, configured, ``~/.parley/skills``):
+    read_file may read the skills' files there, and nothing else of those folders' parents."""
 
 
 @dataclass(slots=True)
@@ -67,6 +80,9 @@ class TurnNotes:
     answered_current_chat: bool = False
     """The message tool already sent this turn's answer to its chat: the final reply is
     stored but not sent again."""
+    loaded: frozenset[str] = frozenset()
+    """Tools loaded for this turn (``load_tools``, or used lately in the conversation):
+    offered in full from the next model call on."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ from typing import Any
 from agent.assembly import ContextAssembly
 from agent.compacting import SessionCompaction
 from agent.compaction import CompactionFailed
-from agent.context import BuiltContext
+from agent.context import BuiltContext, TurnState
 from agent.errors import ProviderContextTooLarge, ProviderError
 from agent.lanes import Lane
 from agent.limits import Limits, Verdict
@@ -32,24 +32,36 @@ from agent.media import MediaStep
 from agent.model_choice import ModelChoice
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
-from agent.runner import Runner, RunResult, Transcript
+from agent.runner import Runner, RunResult
 from agent.sessions import SessionRecorder, TurnRecord
+from agent.snapshots import RecordingTranscript
 from agent.turn import TurnContext, TurnServices
+from agent.turn_ends import TurnEnds
 from agent.usage import Ledger
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import Config
-from gateway.kernel.events import InboundMessage, OutboundMessage, new_id, utcnow
+from gateway.kernel.events import (
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    Stage,
+    new_id,
+    utcnow,
+)
 from gateway.kernel.heartbeat_ack import heartbeat_ok
 from gateway.kernel.store import Compaction, Store
+from gateway.kernel.streams import Outcome, ReplyStream, stream_key
 
 _log = logging.getLogger(__name__)
 
 STEERED_PREFIX = "[New message while you were working]"
-PROMPT_CUT_MIN = 1500
+PROMPT_CUT_MIN = 1000
 PROMPT_CUT_SHARE = 0.6
 """A server that reports fewer prompt tokens than this share of what was sent is cutting the
 prompt (tokenizers differ by ±20 %, not by 40 %)."""
 PROMPT_CUT_EVERY = 600.0
+CONTEXT_BUILD_ERROR = "context_build_error"
+CONTEXT_ERROR_CHARS = 200
 
 
 @dataclass(slots=True)
@@ -74,6 +86,9 @@ class _Turn:
     lane: Lane | None
     ctx: TurnContext
     compaction: Compaction | None
+    state: TurnState
+    stream: ReplyStream | None = None
+    """The reply shown while it is written (None: the chat's channel shows nothing live)."""
     built: BuiltContext = field(init=False)
     record: TurnRecord = field(init=False)
     hooks: _Hooks = field(init=False)
@@ -88,17 +103,32 @@ class _Turn:
         return self.lane is not None and self.lane.stop_requested
 
 
-class _Hooks(Transcript):
+class _Hooks(RecordingTranscript):
     """What the turn does while the tool loop runs: tells the chat which tools run, hands
-    the model messages that arrived meanwhile (``steer`` mode), keeps what was done."""
+    the model messages that arrived meanwhile (``steer`` mode), keeps what was done and
+    each model call's snapshot entry."""
 
     def __init__(self, flow: TurnFlow, turn: _Turn) -> None:
-        super().__init__()
+        super().__init__(turn.built.snapshot, turn.built.texts, turn.built.messages)
         self.flow = flow
         self.turn = turn
 
+    @property
+    def wants_text(self) -> bool:  # type: ignore[override]
+        return self.turn.stream is not None
+
+    def on_text(self, visible: str) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.append(visible)
+
+    def on_text_reset(self) -> None:
+        if self.turn.stream is not None:
+            self.turn.stream.reset()
+
     async def progress(self, text: str) -> None:
         msg = self.turn.msg
+        if self.turn.stream is not None:
+            self.turn.stream.set_status(text)
         if not nowhere(msg):
             await self.flow.bus.publish_outbound(
                 outbound(msg, text, "progress", self.turn.ctx.turn_id, key=new_id()))
@@ -113,6 +143,26 @@ class _Hooks(Transcript):
             body = self.flow.assembly.builder.stored_user_message(arrived.msg)
             out.append({"role": "user", "content": f"{STEERED_PREFIX} {body['content']}"})
         return out
+
+
+def search_tags(msg: InboundMessage) -> tuple[str, str]:
+    """(chat, person) a turn's messages are indexed under for ``session_search``."""
+    return f"{msg.channel}:{msg.chat_id}", f"{msg.channel}:{msg.sender_id}"
+
+
+def stage(bus: MessageBus, sources: list[InboundMessage], name: Stage) -> None:
+    """Where people's messages are (acknowledgement reactions); the gateway's own turns and
+    kept chatter have none."""
+    for msg in sources:
+        if msg.kind in ("user", "command") and not msg.context_only:
+            bus.stage(MessageStage(channel=msg.channel, chat_id=msg.chat_id,
+                                   message_id=msg.message_id, stage=name,
+                                   thread_id=msg.thread_id))
+
+
+def _streamed(turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
+    """``reply`` marked as the final of the turn's stream, if it had one."""
+    return reply if turn.stream is None else replace(reply, stream=turn.stream.key)
 
 
 def _deliverable(turn: _Turn, text: str) -> bool:
@@ -146,6 +196,7 @@ class TurnFlow:
         self.media = media
         self.workspace = config.workspace_path  # resolved once, not on every turn
         self._prompt_cut_said = -PROMPT_CUT_EVERY
+        self.ends = TurnEnds(recorder, store)
 
     async def run(self, work: Work, lane: Lane | None) -> None:
         """Answer ``work`` with the model; ``lane`` (None outside a lane) is where ``/stop``
@@ -155,22 +206,41 @@ class TurnFlow:
         if limits is not None and limits.enabled and (verdict := await limits.check(work.msg)):
             await self._refuse(work, verdict)
             return
+        stage(self.bus, work.sources, "taken")  # before the model is asked
         turn = await self._prepare(work, lane)
         if self.media is not None and self.media.wanted(work.msg):
             await self._understand(turn)
-        await self._build_context(turn)
+        outcome: Outcome = "none"
+        failed = False
         try:
-            result = await self._run_tools(turn)
-        except (ProviderError, CompactionFailed) as exc:
-            await self._record_failure(turn, exc)
-            return
-        except asyncio.CancelledError:
-            if turn.stopped:  # /stop: keep what was done
-                await asyncio.shield(self.recorder.finish(turn.record, turn.hooks.so_far,
+            try:
+                await self._build_context(turn)
+            except (asyncio.CancelledError, ProviderError, CompactionFailed):
+                raise
+            except Exception as exc:
+                failed = True
+                await self._context_failed(turn, exc)
+                return
+            try:
+                result = await self._run_tools(turn)
+            except (ProviderError, CompactionFailed) as exc:
+                failed = True
+                outcome = await self._record_failure(turn, exc)
+                return
+            except asyncio.CancelledError:
+                if turn.stopped:  # /stop: keep what was done
+                    await asyncio.shield(self.ends.finish(turn.record, turn.hooks.so_far,
                                                           status="stopped"))
-            raise  # shutdown: nothing stored, the message is answered after the next start
-        self._warn_if_prompt_cut(turn.built, result)
-        await self._record_and_deliver(turn, result)
+                else:  # shutdown: nothing stored, answered after the next start
+                    outcome = "shutdown"
+                raise
+            self._warn_if_prompt_cut(turn.built, result)
+            outcome = await self._record_and_deliver(turn, result)
+        finally:
+            if turn.stream is not None:
+                turn.stream.close(outcome)
+            if outcome != "shutdown":
+                stage(self.bus, work.sources, "failed" if failed else "done")
 
     async def keep_as_context(self, work: Work) -> None:
         """A group message not addressed to us: part of the history, no turn, no reply."""
@@ -180,7 +250,7 @@ class TurnFlow:
             TurnRecord(session_id=session.id, turn_id=new_id(), inbound_id=work.msg.message_id,
                        started_at=utcnow(), user_message=body,
                        user_tokens=self.assembly.counter.count_message(body),
-                       sources=work.sources),
+                       sources=work.sources, index=search_tags(work.msg)),
             None, status="context")
 
     # the steps ----------------------------------------------------------------------------
@@ -193,7 +263,13 @@ class TurnFlow:
                           tools=self.config.agent.tools, services=self.services(msg),
                           audience=self.assembly.audience(msg),
                           model=self.models.alias(msg) if self.models is not None else None)
-        return _Turn(work, lane, ctx, await self.store.compaction(session.id))
+        turn = _Turn(work, lane, ctx, await self.store.compaction(session.id),
+                     await self.ends.state(session.id, lane))
+        if msg.kind == "user" and not nowhere(msg):
+            turn.stream = self.bus.open_stream(replace(
+                outbound(msg, "", "reply", ctx.turn_id),
+                stream=stream_key(msg.channel, msg.chat_id, msg.message_id)))
+        return turn
 
     async def _understand(self, turn: _Turn) -> None:
         """The pre-turn media step (``agent/media``): what was heard, seen and read of the
@@ -217,10 +293,13 @@ class TurnFlow:
         """The stored history built into messages; compacted first when it no longer fits."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         built = self.assembly.build(turn.msg, history, turn.compaction,
-                                    turn_id=turn.ctx.turn_id)
-        if self.compaction.enabled and (built.dropped_turns or more):
-            if await self._compact_before(turn):
-                built = await self._rebuild(turn)
+                                    turn_id=turn.ctx.turn_id, state=turn.state)
+        due = self.compaction.due(built, more, turn.compaction, turn.ctx.session_id) \
+            if self.compaction.enabled else None
+        if due == "compact" and await self._compact_before(turn):
+            built = await self._rebuild(turn)
+        elif due == "flush":
+            await self.compaction.flush_early(turn.ctx, turn.compaction)
         self._try_with(turn, built)
 
     async def _run_tools(self, turn: _Turn) -> RunResult:
@@ -235,18 +314,19 @@ class TurnFlow:
         self._try_with(turn, await self._rebuild(turn))
         return await self._run_once(turn)
 
-    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> None:
+    async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> Outcome:
         """The turn and its reply stored in one transaction, then the reply sent (unless
         it is not to be: see ``_deliverable``)."""
-        reply = outbound(turn.msg, result.text, "reply", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, result.text, "reply", turn.ctx.turn_id))
         deliver = _deliverable(turn, result.text)
         if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
             reply = await self._spoken(turn, reply)
-        await self.recorder.finish(turn.record, result, status=result.stop_reason,
-                                   outbound=self.replies.outbox(reply) if deliver else [])
+        await self.ends.finish(turn.record, result, status=result.stop_reason,
+                               outbound=self.replies.outbox(reply) if deliver else [])
         self.stats.turns_done += 1
         if deliver:
             await self.bus.publish_outbound(reply, stored=True)
+        return "final" if deliver else "none"
 
     async def _spoken(self, turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
         """A voice note answered with a voice note too (``agent.media.speech``)."""
@@ -257,17 +337,41 @@ class TurnFlow:
                                            calls)
         return replace(reply, media=(voice,)) if voice is not None else reply
 
-    async def _record_failure(self, turn: _Turn, exc: ProviderError | CompactionFailed) -> None:
+    async def _record_failure(self, turn: _Turn,
+                              exc: ProviderError | CompactionFailed) -> Outcome:
         """What was done is stored, and the chat hears what went wrong in one line."""
         _log.warning("turn %s: %s: %s", turn.ctx.turn_id, type(exc).__name__, exc)
         self.stats.error(f"{type(exc).__name__}: {exc}")
         text = exc.user_message if isinstance(exc, ProviderError) else \
             ProviderContextTooLarge(str(exc)).user_message
-        reply = outbound(turn.msg, text, "error", turn.ctx.turn_id)
+        reply = _streamed(turn, outbound(turn.msg, text, "error", turn.ctx.turn_id))
         quiet = nowhere(turn.msg)
-        await self.recorder.finish(turn.record, turn.hooks.so_far, status="error",
-                                   error=str(exc),
-                                   outbound=[] if quiet else self.replies.outbox(reply))
+        await self.ends.finish(turn.record, turn.hooks.so_far, status="error", error=str(exc),
+                               outbound=[] if quiet else self.replies.outbox(reply))
+        if not quiet:
+            await self.bus.publish_outbound(reply, stored=True)
+        return "none" if quiet else "final"
+
+    async def _context_failed(self, turn: _Turn, exc: Exception) -> None:
+        """The context could not be built (a workspace file that cannot be read, a window
+        found too small, a bug): classified ``context_build_error``, recorded with the
+        user's message (nothing is lost), and told in the chat in one line."""
+        _log.exception("turn %s: the context could not be built", turn.ctx.turn_id)
+        error = f"context_build_error: {type(exc).__name__}: {exc}"
+        self.stats.error(error)
+        reply = outbound(turn.msg, "I couldn't prepare this conversation's context "
+                         f"({error[:CONTEXT_ERROR_CHARS]}). Your message is saved; the owner "
+                         "can see the details in the gateway's log.", "error",
+                         turn.ctx.turn_id)
+        stored = self.assembly.builder.stored_user_message(turn.msg)
+        record = TurnRecord(
+            session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
+            inbound_id=turn.msg.message_id, started_at=utcnow(), user_message=stored,
+            user_tokens=self.assembly.counter.count_message(stored), sources=turn.work.sources,
+            index=search_tags(turn.msg))
+        quiet = nowhere(turn.msg)
+        await self.ends.finish(record, None, status=CONTEXT_BUILD_ERROR, error=error,
+                               outbound=[] if quiet else self.replies.outbox(reply))
         if not quiet:
             await self.bus.publish_outbound(reply, stored=True)
 
@@ -302,17 +406,20 @@ class TurnFlow:
     async def _rebuild(self, turn: _Turn) -> BuiltContext:
         """The context again, after a compaction."""
         history, _ = await self.assembly.history(turn.ctx.session_id, turn.compaction)
-        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id)
+        return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id,
+                                   state=turn.state)
 
     def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
         """A fresh try at the model with ``built``: its record and its hooks."""
         turn.built = built
+        turn.ctx.notes.loaded = built.loaded
         turn.record = TurnRecord(
             session_id=turn.ctx.session_id, turn_id=turn.ctx.turn_id,
             inbound_id=turn.msg.message_id, started_at=utcnow(),
             user_message=built.user_message, user_tokens=built.user_tokens,
-            snapshot=built.snapshot, sources=turn.work.sources,
-            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None)
+            snapshot=built.snapshot, texts=built.texts, sources=turn.work.sources,
+            usage=self.ledger.tags(turn.msg) if self.ledger is not None else None,
+            index=search_tags(turn.msg))
         turn.hooks = _Hooks(self, turn)
 
     async def _run_once(self, turn: _Turn) -> RunResult:

@@ -3,8 +3,9 @@
 Sessions of 10, 1,000 and 10,000 stored messages are written through
 ``gateway.kernel.store.Store`` into a fresh database; then each iteration does what a turn
 (``agent/turn_flow.py``) does before calling the model:
-``Store.recent_messages(session, max_recent_messages)`` and ``ContextBuilder.build``, with
-the config ``parley onboard`` writes, the default workspace and the default tools.
+``HistoryCache.history`` (``agent/history.py``: the rows since the session's last turn) and
+``ContextBuilder.build``, with the config ``parley onboard`` writes, the default workspace
+and the default tools.
 
 The history is a plausible chat: a short question and a longer answer per turn, and every
 fifth turn a ``read_file`` call with a ~1,500-character result.
@@ -97,6 +98,7 @@ async def _fill(store: Any, counter: TokenCounter, session_id: int, n: int) -> N
 
 async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[str, Any]:
     from agent.context import ContextBuilder
+    from agent.history import HistoryCache
     from agent.provider import context_window
     from agent.tools import build_registry
     from agent.tools.exec_access import GatewayFiles, resolve_exec_access
@@ -115,6 +117,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
     builder = ContextBuilder(config, counter, window=window)
     limit = config.agent.context.max_recent_messages
     store = await Store.open(config.store_target)
+    reader = HistoryCache(store, limit)  # what a turn reads: new rows only, after the first
     out: dict[str, Any] = {"max_recent_messages": limit,
                            "max_context_tokens": builder.max_context_tokens, "sizes": {}}
     try:
@@ -129,7 +132,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
             for i in range(iterations + 10):
                 inbound = make_inbound(f"ctx-{size}", f"hello again, message {i}")
                 t0 = time.perf_counter()
-                history = await store.recent_messages(session.id, limit)
+                history, _ = await reader.history(session.id, None)
                 t1 = time.perf_counter()
                 built = builder.build(inbound=inbound, history=history,
                                       hints=LocalChannel.hints, tools_tokens=tools_tokens,
@@ -149,7 +152,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
         for i in range(iterations + 10):
             inbound = make_inbound(f"ctx-{size}", f"what did we say about the lighthouse {i}")
             t0 = time.perf_counter()
-            history = await store.recent_messages(session.id, limit)
+            history, _ = await reader.history(session.id, None)
             built = builder.build(inbound=inbound, history=history, hints=LocalChannel.hints,
                                   tools_tokens=tools_tokens, session_key=f"local:ctx-{size}",
                                   turn_id=f"m{i}")

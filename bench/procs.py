@@ -166,6 +166,12 @@ def write_config(root: Path, port: int, transport: str = "auto") -> Path:
     data["channels"]["webchat"]["enabled"] = False  # onboard turns it on; not what is measured
     if transport != "auto":
         data["agent"]["transport"] = transport
+    # Every tool available (web_search needs a provider; it is never reached here), so the
+    # first "hello" is measured with all of them offered or named.
+    tools = data["agent"].setdefault("tools", {}) or {}
+    data["agent"]["tools"] = tools
+    tools.setdefault("web", {})["search"] = {"provider": "searxng",
+                                             "base_url": "http://127.0.0.1:9"}
     seed_workspace(root / "workspace")
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

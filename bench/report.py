@@ -159,7 +159,7 @@ def checks(r: dict[str, Any]) -> list[Check]:
         "{:.2f} s", "", None)
     req = r.get("request") or {}
     add("7", f"first \"hello\": tokens (cl100k), {req.get('tools', 0)} tool schemas included",
-        _get(r, "request.tokens_cl100k.total"), "{:,.0f}", "≤ 3,000", lambda v: v <= 3000)
+        _get(r, "request.tokens_cl100k.total"), "{:,.0f}", "≤ 1,500", lambda v: v <= 1500)
     add("7", "first \"hello\": tokens (o200k)", _get(r, "request.tokens_o200k.total"), "{:,.0f}",
         "", None)
     add("7", "first \"hello\": request bytes", req.get("bytes"), "{:,.0f} B", "", None)
@@ -176,6 +176,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
             "{:.2f} ms", "", None)
     add("9", "media: one inbox sweep over 2,000 files, p50",
         _get(r, "media.inbox_sweep_2000_files.p50_ms"), "{:.2f} ms", "", None)
+    add("10", "live reply: model's first token → first visible text p50 (local channel)",
+        _get(r, "stream.first_text_ms.p50_ms"), "{:.2f} ms", "< 50 ms", lambda v: v < 50)
+    add("10", "live reply: the same, p95", _get(r, "stream.first_text_ms.p95_ms"), "{:.2f} ms",
+        "", None)
+    add("10", "live reply: inside the gateway (first text → shown) p50",
+        _get(r, "stream.gateway_first_shown_ms.p50_ms"), "{:.2f} ms", "", None)
     return out
 
 

@@ -18,7 +18,16 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import context_build, exec_cost, floor, media_cost, memory, request_size, startup
+from bench import (
+    context_build,
+    exec_cost,
+    floor,
+    media_cost,
+    memory,
+    request_size,
+    startup,
+    stream_latency,
+)
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies
 from bench.load import concurrent_chats
@@ -26,7 +35,7 @@ from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pi
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import repeat_summary, series, split_by_model_call
 
-SECTIONS = ("context", "startup", "turns", "memory", "exec", "media")
+SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream")
 console = Console(stderr=True)
 
 
@@ -41,13 +50,15 @@ class Sizes:
     ctx_iterations: int
     startup_runs: int
     exec_commands: int
+    stream_replies: int = 100
 
 
 FULL = Sizes(turns=200, series_repeats=5, floor_calls=200, load_seconds=10.0,
              mem_sessions=1000, mem_turns=10, ctx_iterations=200, startup_runs=3,
              exec_commands=200)
 QUICK = Sizes(turns=60, series_repeats=2, floor_calls=60, load_seconds=3.0, mem_sessions=200,
-              mem_turns=5, ctx_iterations=50, startup_runs=1, exec_commands=50)
+              mem_turns=5, ctx_iterations=50, startup_runs=1, exec_commands=50,
+              stream_replies=30)
 
 
 def _say(text: str) -> None:
@@ -118,6 +129,10 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
             expect(record, "hello")
             last = server.last_request()
             results["request"] = request_size.measure(last["body"], last["bytes"])
+            hello = results["request"]
+            _say(f"first \"hello\": {hello['tokens_cl100k']['total']:,} tokens (cl100k), "
+                 f"{hello['tokens_o200k']['total']:,} (o200k); tool schemas "
+                 f"{hello['tokens_cl100k']['tools']:,} for {', '.join(hello['tool_names'])}")
             _say("warm-up: 20 turns")
             for i in range(10):
                 for text in (f"warm-up {i}", f"tool: warm-up {i}"):
@@ -229,6 +244,12 @@ async def main_async(args: argparse.Namespace) -> int:
                 t = time.perf_counter()
                 results["media"] = media_cost.measure(root, sizes.ctx_iterations)
                 section_s["media"] = time.perf_counter() - t
+            if "stream" in only:
+                _say(f"10: live replies, {sizes.stream_replies} × first token → first text")
+                t = time.perf_counter()
+                results["stream"] = await stream_latency.measure(root / "stream",
+                                                                 sizes.stream_replies)
+                section_s["stream"] = time.perf_counter() - t
         finally:
             server.stop()
     results["loadavg_end"] = _loadavg()

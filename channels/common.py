@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Generic, Self, TypeVar
 
 from gateway.kernel.backoff import Backoff
@@ -218,3 +219,15 @@ async def optional(what: str, call: Callable[[], Awaitable[object]], *,
             _log.warning("%s%s failed (%s: %s); retry in %.1fs", label, what,
                          type(exc).__name__, clean(str(exc)), delay)
             await asyncio.sleep(delay)
+
+
+def read_small(path: Path, limit: int) -> bytes | int | None:
+    """A file the agent sends: its bytes; its size when over ``limit``; None when it is not
+    there (blocking: run it in a thread)."""
+    try:
+        if not path.is_file():
+            return None
+        size = path.stat().st_size
+        return size if size > limit else path.read_bytes()
+    except OSError:
+        return None

@@ -68,9 +68,11 @@ from channels.discord_library import (
     heartbeat_ack_age,
     point_library_at,
 )
+from channels.discord_live import DiscordLive
 from channels.discord_outbound import SEND_ERRORS, Outbound
 from channels.discord_reader import Reader
 from channels.inbound import Inbound
+from channels.reactions import Reactions
 from channels.sent_parts import SentParts
 from gateway.kernel.backoff import Backoff
 from gateway.kernel.bus import MessageBus
@@ -91,6 +93,13 @@ class DiscordChannelError(Exception):
 
 class DiscordChannel(StateWatch, ChannelBase):
     name = NAME
+    config_model = DiscordChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> DiscordChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.discord``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Discord markdown, shown natively (bold, italic, underline __x__, "
                "strikethrough, inline code, code blocks with a language, links, lists, quotes, "
@@ -119,6 +128,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._client: Client | None = None
         self._logged_in = False
         self._outbound = Outbound(self._live_client, self._sent, config, self._token)
+        self.live = DiscordLive(self._live_client, self._outbound, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
                                 rules=access_rules(config), workspace=workspace,
                                 max_media_bytes=config.max_media_bytes,
@@ -127,6 +137,8 @@ class DiscordChannel(StateWatch, ChannelBase):
                               cursors=Cursors(store))
         self._read_back_at_start = False
         self._tasks = TaskSet()
+        self.react = Reactions(NAME, self._tasks,  # type: ignore[method-assign]
+                               self.live.reaction).react
         self._typing = Typing(NAME, self._tasks, place=lambda e: e.thread_id or e.chat_id,
                               show=self._show_typing, interval=config.typing_interval,
                               clock=clock)

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from channels.common import read_small
 from channels.discord_convert import (
     FilePart,
     Part,
@@ -111,13 +112,14 @@ class Outbound:
                          reference: discord.MessageReference | None,
                          nonce: str) -> discord.Message:
         if isinstance(part, TextPart):
-            return await self._post(where, part.content, reference=reference, nonce=nonce)
+            return await self.post(where, part.content, reference=reference, nonce=nonce)
         return await self._send_file(where, part, reference, nonce)
 
-    async def _post(self, where: discord.PartialMessageable, content: str | None = None, *,
-                    file: discord.File | None = None,
-                    reference: discord.MessageReference | None = None,
-                    nonce: str | None = None) -> discord.Message:
+    async def post(self, where: discord.PartialMessageable, content: str | None = None, *,
+                   file: discord.File | None = None,
+                   reference: discord.MessageReference | None = None,
+                   nonce: str | None = None) -> discord.Message:
+        """One message, mentions as configured (``nonce``: a resend returns it)."""
         options: dict[str, Any] = {"allowed_mentions": self._mentions}
         if file is not None:
             options["file"] = file
@@ -132,10 +134,10 @@ class Outbound:
                          nonce: str) -> discord.Message:
         media = part.media
         if media.url is not None:  # Discord shows a preview of the link
-            return await self._post(where, media.url, reference=reference, nonce=nonce)
+            return await self.post(where, media.url, reference=reference, nonce=nonce)
         path = Path(media.path or "")
         limit = self.config.max_media_bytes
-        data = await asyncio.to_thread(_read_small, path, limit)
+        data = await asyncio.to_thread(read_small, path, limit)
         if data is None:
             problem = "not found"
         elif isinstance(data, int):
@@ -143,12 +145,12 @@ class Outbound:
         else:
             try:
                 file = discord.File(io.BytesIO(data), filename=path.name)
-                return await self._post(where, file=file, reference=reference, nonce=nonce)
+                return await self.post(where, file=file, reference=reference, nonce=nonce)
             except discord.HTTPException as exc:
                 if not is_too_large(exc):
                     raise
                 problem = "too big for this Discord server"
-        return await self._post(where, f"(Could not attach {path.name}: {problem}.)",
+        return await self.post(where, f"(Could not attach {path.name}: {problem}.)",
                                 reference=reference, nonce=nonce)
 
     async def notice(self, inc: Incoming, text: str, *, reply: bool) -> None:
@@ -164,7 +166,7 @@ class Outbound:
         backoff = Backoff()
         for _ in range(3):
             try:
-                await self._post(where, text, reference=reference)
+                await self.post(where, text, reference=reference)
                 return
             except discord.HTTPException as exc:
                 if exc.status < 500:
@@ -188,14 +190,3 @@ class Outbound:
         except SEND_ERRORS as exc:
             raise DownloadFailed(redact(str(exc), self._secrets)) from exc
         return Fetched(data, stored_name(inc.id, index, att.name or att.label))
-
-
-def _read_small(path: Path, limit: int) -> bytes | int | None:
-    """The file's bytes; its size when over ``limit``; None when it is not there."""
-    try:
-        if not path.is_file():
-            return None
-        size = path.stat().st_size
-        return size if size > limit else path.read_bytes()
-    except OSError:
-        return None

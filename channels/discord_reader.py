@@ -3,8 +3,9 @@ each and in order.
 
 discord.py hands over messages in tasks of their own; ``put()`` queues them and ``run()``, one
 worker, converts each (looking up a thread's parent when discord.py does not know it) and hands
-it to ``channels.inbound``. Message ids already handled are remembered (a replay or a read-back
-never answers twice), and so is the last message of each recently active channel, for
+it to ``channels.inbound`` — one that could not be stored is tried again before the next, as
+Discord never offers a message twice. Message ids already handled are remembered (a replay or
+a read-back never answers twice), and so is the last message of each recently active channel, for
 ``catch_up()``: after a session Discord could not resume, or a restart, what was said since is
 read back over REST.
 """
@@ -59,9 +60,12 @@ class Reader:
         me = client.user if client is not None else None
         if message.id in self._seen or me is None:
             return
-        if not await self._inbound.take(self._incoming(message, str(me.id)),
-                                        f"message {message.id}"):
-            return  # stopping: the bus takes nothing more
+        while not await self._inbound.take(self._incoming(message, str(me.id)),
+                                           f"message {message.id}"):
+            if self._inbound.closed:
+                return  # stopping: the bus takes nothing more, a restart reads it back
+            # Not stored (each take tried a few times, waiting between): Discord would not
+            # offer it again, so it is tried until it is stored, the ones after it waiting.
         self._remember(message)
         await self._save_cursor(message)
         await self._on_handled()

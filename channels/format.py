@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-__all__ = ["Markup", "PLAIN", "TELEGRAM_HTML", "html_visible_text", "render",
-           "to_plain_text", "to_telegram_html"]
+__all__ = ["Markup", "PLAIN", "SLACK_MRKDWN", "TELEGRAM_HTML", "html_visible_text", "render",
+           "slack_escape", "to_plain_text", "to_slack_mrkdwn", "to_telegram_html"]
 
 _SAFE_LINK = re.compile(r"^(https?|tg|mailto):", re.IGNORECASE)
 _LANGUAGE = re.compile(r"^[A-Za-z0-9_+#.-]{1,32}$")
@@ -77,6 +77,24 @@ TELEGRAM_HTML = Markup(escape=_escape_text, bold=("<b>", "</b>"), italic=("<i>",
                        link=_telegram_link)
 PLAIN = Markup(escape=_identity)
 
+
+# --- Slack's mrkdwn: *bold* _italic_ ~strike~ `code` ```pre``` <url|label>; & < > escaped ----
+
+def slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _slack_pre(code: str, language: str) -> str:
+    return f"```\n{code}\n```"  # Slack shows no language
+
+
+def _slack_link(label: str, url: str) -> str:
+    return f"<{slack_escape(url).replace('|', '%7C')}|{label}>"
+
+
+SLACK_MRKDWN = Markup(escape=slack_escape, bold=("*", "*"), italic=("_", "_"),
+                      strike=("~", "~"), code=("`", "`"), pre=_slack_pre, link=_slack_link)
+
 _parser = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
 
 
@@ -87,6 +105,10 @@ def render(markdown: str, markup: Markup) -> str:
 
 def to_telegram_html(markdown: str) -> str:
     return render(markdown, TELEGRAM_HTML)
+
+
+def to_slack_mrkdwn(markdown: str) -> str:
+    return render(markdown, SLACK_MRKDWN)
 
 
 def to_plain_text(markdown: str) -> str:

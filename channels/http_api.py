@@ -1,11 +1,14 @@
-"""What the two HTTP channels (local, WebChat) share: a refused request as an exception, and
-the middleware that turns every failure into a JSON ``{"error": ...}`` answer — never an HTML
-page, never a traceback."""
+"""What the two HTTP channels (local, WebChat) share: a refused request as an exception, the
+middleware that turns every failure into a JSON ``{"error": ...}`` answer — never an HTML
+page, never a traceback, a client that went away only a debug line — and the check that
+refuses text no Unicode encoding can carry (a lone surrogate), naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +24,38 @@ class ApiError(Exception):
         self.status = status
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(data: Any, where: str = "") -> None:
+    """ApiError (400) naming the first field whose text holds a lone surrogate (``"\\ud800"``
+    is valid JSON but no Unicode text: it cannot be stored, logged or sent on)."""
+    if isinstance(data, str):
+        if _SURROGATE.search(data):
+            raise ApiError(f"{where or 'body'}: contains a lone surrogate (not valid Unicode "
+                           "text)")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            if _SURROGATE.search(key):
+                raise ApiError(f"{where or 'body'}: a key contains a lone surrogate (not valid "
+                               "Unicode text)")
+            check_unicode(value, f"{where}.{key}" if where else key)
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            check_unicode(item, f"{where}[{i}]")
+
+
+async def read_body(request: web.Request, within: float, key: str) -> bytes:
+    """The request body, or 408 when it has not arrived in full ``within`` seconds (``key``
+    names the setting): a stalled or trickling client holds no connection for long."""
+    try:
+        async with asyncio.timeout(within):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(f"body: not received in full within {within:g} s ({key})",
+                       408) from None
+
+
 def json_error(status: int, message: str,
                headers: Mapping[str, str] | None = None) -> web.Response:
     if status == 401:
@@ -29,27 +64,34 @@ def json_error(status: int, message: str,
 
 
 def json_errors(log: logging.Logger, what: str,
-                as_400: tuple[type[Exception], ...] = ()) -> Middleware:
+                as_400: tuple[type[Exception], ...] = (),
+                respond: Callable[[int, str, Mapping[str, str] | None], web.Response]
+                = json_error) -> Middleware:
     """The middleware: ``ApiError`` with its status, ``as_400`` exceptions (with a
     ``message``) as 400, aiohttp's own HTTP errors with their reason (and ``Allow``), anything
-    else logged and answered 500."""
+    else logged and answered 500; ``respond`` shapes the answer (OpenAI's error object for
+    ``channels/openai_api.py``)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except ApiError as exc:
-            return json_error(exc.status, exc.message)
+            return respond(exc.status, exc.message, None)
         except as_400 as exc:
-            return json_error(400, str(getattr(exc, "message", exc)))
+            return respond(400, str(getattr(exc, "message", exc)), None)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return json_error(exc.status, exc.reason.lower(), allow)
+            return respond(exc.status, exc.reason.lower(), allow)
+        except ConnectionResetError:  # the client went away: nothing to answer, nothing wrong
+            log.debug("%s: the client of %s %s disconnected", what, request.method,
+                      request.path)
+            return json_error(400, "client disconnected")  # written nowhere; aiohttp drops it
         except Exception:
             log.exception("%s: %s %s failed", what, request.method, request.path)
-            return json_error(500, "internal error")
+            return respond(500, "internal error", None)
 
     return middleware
 

@@ -7,7 +7,9 @@ thread) and go to the bus as context-only messages right before the next message
 there, so the agent sees what was said when it is addressed. Attachments are saved inside the
 workspace, under ``inbox/<channel>/<chat>/`` (``gateway.kernel.inbox_files``), where the agent's
 file tools open them: one over ``max_media_bytes`` gets a polite refusal in the chat and a note
-for the agent instead. Storing a message on the bus is tried a few times before it is given up.
+for the agent instead. Storing a message on the bus is tried a few times; one that could not be
+stored is not acknowledged to the platform (the transport leaves it for a later try), never
+dropped.
 """
 
 from __future__ import annotations
@@ -90,12 +92,18 @@ class Inbound:
         self._context = GroupContext(rules.group_history, MAX_CONTEXT_CHATS)
         self.last_inbound: datetime | None = None
 
+    @property
+    def closed(self) -> bool:
+        """The bus takes nothing more (the gateway is stopping)."""
+        return self._bus.closed
+
     async def take(self, convert: Awaitable[Incoming | None], what: str) -> bool:
         """Convert, prepare and store one platform message (``what`` names it in the log).
 
         A message that cannot be converted or prepared (our bug, or something we cannot read)
-        is logged and skipped, so a transport never loops on it. False when the bus is closed:
-        the gateway is stopping, and the transport should not confirm the message as handled.
+        is logged and skipped, so a transport never loops on it. False when the bus is closed
+        (the gateway is stopping) or the message could not be stored: the transport must not
+        confirm it as handled, so the platform keeps it for a later try.
         """
         try:
             inc = await convert
@@ -140,7 +148,8 @@ class Inbound:
         return self._context.with_context(msg)
 
     async def _publish(self, msg: InboundMessage) -> bool:
-        """Store the message (a few tries, then it is given up); False when the bus is closed."""
+        """Store the message (a few tries); False when the bus is closed or it could not be
+        stored — never acknowledged then, so the platform offers it again."""
         backoff = self._retry.counter()
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
@@ -152,14 +161,15 @@ class Inbound:
                 raise
             except Exception as exc:
                 if attempt == PUBLISH_ATTEMPTS:
-                    _log.error("%s: message %s dropped after %d failed attempts to store it: "
-                               "%s", self.platform, msg.message_id, attempt, exc)
+                    _log.error("%s: message %s not stored after %d attempts (%s); not "
+                               "acknowledged, so %s offers it again", self.platform,
+                               msg.message_id, attempt, exc, self._wording.title)
                     break
                 delay = backoff.next()
                 _log.warning("%s: message %s not stored (%s); retry in %.1fs", self.platform,
                              msg.message_id, exc, delay)
                 await asyncio.sleep(delay)
-        return True
+        return False
 
     async def _pairing_reply(self, inc: Incoming) -> None:
         sender, wording = inc.sender, self._wording

@@ -4,10 +4,15 @@ In-process: ``inject``, ``wait_messages``, ``ask``. Over HTTP: ``POST /v1/messag
 ``GET /v1/messages?chat_id=&after=&wait=`` (long poll, ``wait`` capped at 60 s) and
 ``GET /v1/health``. A client may send its own ``message_id`` so that a retried POST is taken
 once (``"duplicate": true`` in the answer). Every error is JSON ``{"error": "<field>: ..."}``:
-400 for a bad field; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
+400 for a bad field (a lone surrogate in any text included); 408 for a body not received
+within ``body_timeout``; 413 for oversize input (``text`` over ``max_text_chars``, ``media[i]``
 over ``max_media_bytes``, ``body`` over what those allow); 401 for a missing or wrong bearer
-token; 503 while the bus is closed. Without a token the server only listens on loopback,
-because ``{"path"}`` media lets a caller hand the agent any file the gateway can read.
+token; 503 while the bus is closed or the message could not be stored (never a 202 for a
+message a restart would not find). A client that disconnects is a debug line. Replies are
+numbered by ``seq``, kept in the database (``local_log``) when the gateway gives the channel
+its store: monotonic across restarts, and replies not yet read survive them. Without a token
+the server only listens on loopback, because ``{"path"}`` media lets a caller hand the agent
+any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
 its names are re-exported here for the callers that import them from ``channels.local``.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -29,8 +35,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from channels.base import ChannelBase, ChannelDeps, ChannelStatus
-from channels.http_api import ApiError, json_errors, listen
+from channels.base import ChannelBase, ChannelDeps, ChannelStatus, LiveReplies, Shown
+from channels.http_api import ApiError, json_errors, listen, read_body
+from channels.local_log import ReplyLog
 from channels.local_requests import (
     CHANNEL_NAME,
     MAX_ID_CHARS,
@@ -49,10 +56,11 @@ from channels.local_requests import (
     store_media,
     validate_post,
 )
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
+from gateway.kernel.store_db import Database, StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -80,13 +88,24 @@ class LocalChannelError(Exception):
 
 class LocalChannel(ChannelBase):
     name = CHANNEL_NAME
+    config_model = LocalChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> LocalChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.local``)."""
+        return create(deps)
+
     hints = ChannelHints(markup="Markdown (shown as plain text)", max_length=None,
                          etiquette="A test channel; answer as you would in a normal chat.")
 
     def __init__(self, config: LocalChannelConfig, bus: MessageBus, *, workspace: Path,
                  health: Callable[[], dict[str, Any]] | None = None,
-                 serve_http: bool = True) -> None:
+                 serve_http: bool = True, store: Database | None = None) -> None:
+        """``store``: where replies are kept (``local_log``), so ``seq`` goes on across
+        restarts; without it they live in memory only."""
         self.config = config
+        self._replies = ReplyLog(store) if store is not None else None
+        self._partials = 0
         self._bus = bus
         self._workspace = workspace
         """Uploaded files go to its ``inbox/local/<chat>/``."""
@@ -109,6 +128,11 @@ class LocalChannel(ChannelBase):
         if self._running:
             return
         self._closing = False
+        if self._replies is not None:
+            await self._replies.setup()
+            for record in await self._replies.load(MAX_RECORDS):
+                self._remember(record)
+            self._seq = max(self._seq, await self._replies.last_seq())
         if self._serve_http:
             await self._start_http()
         self._running = True
@@ -131,6 +155,29 @@ class LocalChannel(ChannelBase):
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         _log.info("local channel listening on %s", self.base_url)
 
+    # --- live replies: ``partial`` records (``channels.local.streaming``) ---------------------
+
+    @property
+    def live(self) -> LiveReplies | None:  # type: ignore[override]
+        return self
+
+    async def show(self, target: OutboundMessage, text: str,
+                   message_id: str | None) -> Shown:
+        """The answer so far as a ``partial`` record (the whole text each time); the
+        final ``reply`` record carries the same ``stream`` key and ``"final": true``."""
+        self._partials += 1  # each partial its own record (and seq), stored like a reply so
+        # that ``seq`` stays one durable sequence a client can follow across restarts
+        done = await self._append(target, text, "partial", {"stream": target.stream,
+                                                            "final": False},
+                                  f"{target.idempotency_key}#partial{self._partials}")
+        return Shown(error=done.error) if isinstance(done, Delivery) else Shown()
+
+    async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
+        return await self.send(msg)
+
+    async def remove(self, target: OutboundMessage, message_id: str) -> None:
+        return None
+
     async def stop(self) -> None:
         """Wake every long poll first, so the server's shutdown does not wait for them."""
         self._closing = True
@@ -150,28 +197,56 @@ class LocalChannel(ChannelBase):
         known = self._deliveries.get(msg.idempotency_key)
         if known is not None:
             return known
-        self._seq += 1
-        created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-        record = {"seq": self._seq, "chat_id": msg.chat_id, "text": msg.text,
-                  "kind": msg.kind, "reply_to": msg.reply_to,
-                  "media": [m.to_dict() for m in msg.media],
-                  "created_at": created.astimezone(UTC).isoformat(),
-                  "thread_id": msg.thread_id, "turn_id": msg.turn_id}
-        records = self._records.get(msg.chat_id)
-        if records is None:
-            records = self._records[msg.chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
-        else:
-            self._records.move_to_end(msg.chat_id)
-        self._stored += 1 - (len(records) == records.maxlen)
-        records.append(record)
-        self._prune()
-        delivery = Delivery(ok=True, message_ids=(str(self._seq),))
+        extra = {"stream": msg.stream, "final": True} if msg.stream is not None else {}
+        seq = await self._append(msg, msg.text, msg.kind, extra, msg.idempotency_key)
+        if isinstance(seq, Delivery):
+            return seq
+        delivery = Delivery(ok=True, message_ids=(str(seq),))
         self._deliveries[msg.idempotency_key] = delivery
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
+        return delivery
+
+    async def _append(self, msg: OutboundMessage, text: str, kind: str,
+                      extra: dict[str, Any], key: str) -> int | Delivery:
+        """A record for ``msg``'s chat (stored first, once per ``key``, when the channel
+        has a reply log), woken pollers; its ``seq``, or the failed delivery."""
+        created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
+        record = {"chat_id": msg.chat_id, "text": text,
+                  "kind": kind, "reply_to": msg.reply_to,
+                  "media": [m.to_dict() for m in msg.media],
+                  "created_at": created.astimezone(UTC).isoformat(),
+                  "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
+        if self._replies is None:
+            self._seq += 1
+            seq, new = self._seq, True
+        else:  # stored first: a reply the log could not keep is not delivered (retried)
+            try:
+                seq, new = await self._replies.add(key, record)
+            except (sqlite3.Error, StoreUnavailable) as exc:
+                return Delivery(ok=False, error=f"local reply log: {exc}")
+        if new:
+            self._remember({"seq": seq, **record})
         for event in self._waiters.get(msg.chat_id, ()):
             event.set()
-        return delivery
+        return seq
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        """Keep ``record`` in its chat's window, in ``seq`` order."""
+        seq, chat_id = record["seq"], record["chat_id"]
+        self._seq = max(self._seq, seq)
+        records = self._records.get(chat_id)
+        if records is None:
+            records = self._records[chat_id] = deque(maxlen=MAX_RECORDS_PER_CHAT)
+        else:
+            self._records.move_to_end(chat_id)
+        self._stored += 1 - (len(records) == records.maxlen)
+        records.append(record)
+        if len(records) > 1 and records[-2]["seq"] > seq:  # two sends to one chat at once
+            ordered = sorted(records, key=lambda r: r["seq"])
+            records.clear()
+            records.extend(ordered)
+        self._prune()
 
     def _prune(self) -> None:
         """Drop the least recently active chats' oldest records past the limits."""
@@ -248,7 +323,8 @@ class LocalChannel(ChannelBase):
         if (request.content_length or 0) > self._max_body:
             raise too_big
         try:
-            raw = await request.read()
+            raw = await read_body(request, self.config.body_timeout,
+                                  "channels.local.body_timeout")
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         limit = self.config.max_media_bytes
@@ -264,6 +340,10 @@ class LocalChannel(ChannelBase):
             new = await self._bus.publish_inbound(msg)
         except BusClosed:
             raise ApiError("gateway is shutting down", 503) from None
+        except NotStored as exc:  # never 202 for what a restart would not find
+            _log.warning("local channel: refused message %s: %s", msg.message_id, exc)
+            raise ApiError(f"store: {exc}; nothing was taken, send it again later",
+                           503) from None
         body: dict[str, Any] = {"message_id": msg.message_id}
         if not new:
             body["duplicate"] = True  # a retry of a message already taken: not answered twice
@@ -286,4 +366,5 @@ class LocalChannel(ChannelBase):
 def create(deps: ChannelDeps) -> LocalChannel:
     """The gateway's factory for ``channels.local``."""
     return LocalChannel(deps.config.channels.local, deps.bus,
-                        workspace=deps.config.workspace_path, health=deps.health)
+                        workspace=deps.config.workspace_path, health=deps.health,
+                        store=deps.store)

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from channels.http_api import ApiError
+from channels.http_api import ApiError, check_unicode
 from gateway.kernel.events import TRUST_RANK, InboundMessage, Media, MediaKind, Trust
 from gateway.kernel.inbox_files import save_file
 
@@ -107,6 +107,7 @@ def parse_post_body(raw: bytes, *, max_text_chars: int,
         data = json.loads(raw)
     except (ValueError, RecursionError):
         raise ApiError("body: not valid JSON") from None
+    check_unicode(data)
     return validate_post(data, max_text_chars=max_text_chars, max_media_bytes=max_media_bytes)
 
 

@@ -49,6 +49,7 @@ from channels.common import Liveness, SecretFilter, StateWatch, Typing, iso, opt
 from channels.http_api import listen
 from channels.inbound import Inbound
 from channels.incoming import Incoming
+from channels.reactions import Reactions
 from channels.sent_parts import SentParts
 from channels.telegram_convert import (
     ALLOWED_UPDATES,
@@ -59,6 +60,7 @@ from channels.telegram_convert import (
     never_sent,
     retry_seconds,
 )
+from channels.telegram_live import REACTIONS, TelegramLive
 from channels.telegram_outbound import Outbound
 from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
@@ -82,6 +84,13 @@ class TelegramChannelError(Exception):
 
 class TelegramChannel(StateWatch, ChannelBase):
     name = NAME
+    config_model = TelegramChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> TelegramChannel:
+        """The ``parley.channels`` entry point's factory (``channels.telegram``)."""
+        return create(deps)
+
     hints = ChannelHints(
         markup="Markdown, shown as Telegram formatting (bold, italic, strikethrough, inline "
                "code, code blocks with a language, links, lists, quotes; headings become bold, "
@@ -112,6 +121,7 @@ class TelegramChannel(StateWatch, ChannelBase):
         self._filter.cover(*_LOGGERS_WITH_URLS)  # before the first Bot: PTB logs its URLs
         self._bot = self._new_bot()
         self._outbound = Outbound(self._bot, self._sent, self._token)
+        self.live = TelegramLive(self._bot, self._outbound, self._sent, self._token)
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
                                 rules=access_rules(config), workspace=workspace,
                                 max_media_bytes=config.max_media_bytes)
@@ -121,6 +131,8 @@ class TelegramChannel(StateWatch, ChannelBase):
         self._offset: int | None = None
         self._seen_updates: OrderedDict[int, None] = OrderedDict()
         self._tasks = TaskSet()
+        self.react = Reactions(NAME, self._tasks, self.live.reaction,  # type: ignore[method-assign]
+                               REACTIONS).react
         self._typing = Typing(NAME, self._tasks, place=lambda e: (e.chat_id, e.thread_id),
                               show=self._show_typing, interval=config.typing_interval,
                               clock=clock)

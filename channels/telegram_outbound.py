@@ -69,7 +69,7 @@ class Outbound:
         parts = plan_parts(msg.text, msg.media)
         for index in range(len(done), len(parts)):
             try:
-                message_id = await self._send_part(msg, parts[index], first=index == 0)
+                message_id = await self.send_part(msg, parts[index], first=index == 0)
             except TelegramError as exc:
                 delivery = map_errors(exc, self._secrets)
                 _log.warning("telegram: part %d/%d to chat %s failed%s: %s", index + 1,
@@ -89,7 +89,8 @@ class Outbound:
             self.last_send_ok = utcnow()
         return Delivery(ok=True, message_ids=tuple(done))
 
-    async def _send_part(self, msg: OutboundMessage, part: Part, *, first: bool) -> str:
+    async def send_part(self, msg: OutboundMessage, part: Part, *, first: bool) -> str:
+        """One part of ``msg`` sent; its message id (``first``: it may quote the user)."""
         quote = None
         if first and is_group_chat_id(msg.chat_id) and msg.reply_to and msg.reply_to.isdigit():
             quote = ReplyParameters(int(msg.reply_to), allow_sending_without_reply=True)

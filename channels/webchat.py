@@ -6,6 +6,9 @@ keeps a random chat id in local storage; its session is ``webchat:<chat_id>``. R
 - ``GET /``, ``/app.js``, ``/style.css``: the page; ``GET /api/info``: limits, token needed?
 - ``GET /api/history?chat_id=&after=|before=&limit=``: the chat's log (``webchat_store``).
 - ``GET /api/media/<name>?chat_id=``: an image or a recording the chat sent.
+- ``GET /api/conversations?profile=``, ``POST /api/conversations``: the browser's past chats,
+  listed and registered (``webchat_chats``); ``/vendor/markdown-it.min.js``: the markdown
+  parser the page renders with (vendored, MIT).
 - ``GET /ws?chat_id=``: the WebSocket; JSON frames both ways (see ``webchat_frames``). To the
   page: ``ready``, ``message`` (a log entry), ``ack`` (a sent message was stored and handed to
   the bus), ``typing``, ``progress``, ``error``, ``pong``.
@@ -30,16 +33,19 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from channels.base import ChannelDeps, ChannelStatus
+from channels.base import ChannelDeps, ChannelStatus, LiveReplies, Shown
 from channels.http_api import ApiError, json_errors, listen
+from channels.webchat_chats import Conversations
 from channels.webchat_frames import (
     AUDIO_TYPES,
     IMAGE_TYPES,
+    PARTIAL,
     FrameError,
     check_chat_id,
     host_allowed,
     is_loopback,
     max_frame_bytes,
+    partial_frame,
     query_uint,
 )
 from channels.webchat_sockets import (
@@ -56,6 +62,7 @@ from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store import Store
+from gateway.kernel.store_db import StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -68,7 +75,8 @@ _log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("webchat_static")
 STATIC_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
                 "/style.css": ("style.css", "text/css"),
-                "/mic.js": ("mic.js", "text/javascript")}
+                "/mic.js": ("mic.js", "text/javascript"),
+                "/vendor/markdown-it.min.js": ("vendor/markdown-it.min.js", "text/javascript")}
 MAX_PROGRESS_LINES = 20
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
@@ -94,9 +102,17 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 class WebchatChannel(ChatSockets):
     name = "webchat"
+    config_model = WebchatChannelConfig
+
+    @classmethod
+    def from_deps(cls, deps: ChannelDeps) -> WebchatChannel:
+        """The ``parley.channels`` entry point's factory (its section: ``channels.webchat``)."""
+        return create(deps)
+
     hints = ChannelHints(
-        markup="Markdown subset: paragraphs, **bold**, *italic*, `code`, fenced code blocks, "
-               "lists, [links](https://…); headings, tables and HTML are shown as plain text",
+        markup="Markdown (CommonMark with GFM tables): headings, **bold**, *italic*, `code`, "
+               "fenced code blocks, lists, > quotes, tables, [links](https://…) and "
+               "<https://…>; HTML is shown as plain text",
         max_length=None,
         etiquette="A private chat page in the user's own browser.")
     wants_progress = True
@@ -112,6 +128,8 @@ class WebchatChannel(ChatSockets):
         self._earlier_media = earlier_media
         self._max_frame = max_frame_bytes(config.max_text_chars,
                                           max(config.max_image_bytes, config.max_audio_bytes))
+        self._chats = Conversations(store, self._authorized,
+                                    body_timeout=config.body_timeout)
         self._token = config.token.encode() if config.token else None
         self._static: dict[str, tuple[bytes, str]] = {}
         self._sockets: dict[str, set[Socket]] = {}
@@ -137,6 +155,7 @@ class WebchatChannel(ChatSockets):
             raise WebchatError(f"channels.webchat.token is required to listen on {host!r}, "
                                "which is not loopback; set a token or use host 127.0.0.1")
         await self._log.ensure_schema()
+        await self._chats.ensure_schema()
         self._static = await asyncio.to_thread(self._read_static)
         app = web.Application(middlewares=[json_errors(_log, "webchat", (FrameError,))])
         if self._token is None:
@@ -148,6 +167,7 @@ class WebchatChannel(ChatSockets):
         app.router.add_get("/api/history", self._get_history)
         app.router.add_get("/api/media/{name}", self._get_media)
         app.router.add_get("/ws", self._websocket)
+        self._chats.add_routes(app)
         # No access log: it prints every URL, and a URL is the one place a careless client
         # might put the token.
         self._runner, self.port = await listen(app, host, port, what="channels.webchat",
@@ -206,12 +226,34 @@ class WebchatChannel(ChatSockets):
             entry, new = await self._log.add(
                 chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=text,
                 key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreUnavailable) as exc:
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
             self.last_outbound_at = now_iso()
-            self._broadcast(msg.chat_id, {"type": "message", "message": entry.to_json()})
+            frame = {"type": "message", "message": entry.to_json()}
+            if msg.stream is not None:  # it replaces the partial the page shows
+                frame["stream"] = msg.stream
+            self._broadcast(msg.chat_id, frame)
         return Delivery(ok=True, message_ids=(str(entry.seq),))
+
+    # --- live replies (``channels.webchat.streaming``) ----------------------------------------
+
+    @property
+    def live(self) -> LiveReplies:
+        return self
+
+    async def show(self, target: OutboundMessage, text: str,
+                   message_id: str | None) -> Shown:
+        """The answer so far to the open pages (``partial``: the whole text each time); the
+        final ``message`` frame names the same ``stream`` and replaces it."""
+        self._broadcast(target.chat_id, partial_frame(target.stream or "", text))
+        return Shown(message_id=PARTIAL)
+
+    async def finish(self, msg: OutboundMessage, message_id: str) -> Delivery:
+        return await self.send(msg)
+
+    async def remove(self, target: OutboundMessage, message_id: str) -> None:
+        self._broadcast(target.chat_id, {"type": "partial_end", "stream": target.stream})
 
     def activity(self, event: ChatActivity) -> None:
         """A turn started or ended: the page shows "working…" (and progress lines) meanwhile."""

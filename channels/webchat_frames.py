@@ -6,6 +6,10 @@ when a token is configured and no ``Authorization`` header came), ``message`` ``
 "mime"}}`` (a recording from the page's microphone; never with an image) and ``ping``. A refused
 frame gets ``{"type": "error", "error": "<field>: <why>", "message_id", "retry"}``, naming the
 field at fault, so the page can show the reason next to the message it concerns.
+
+Live replies (``channels.webchat.streaming``): ``{"type": "partial", "stream", "text"}`` is
+the answer so far (the whole text each time), ``{"type": "partial_end", "stream"}`` takes it
+away (no answer follows), and the final ``message`` frame carries the same ``stream``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 from yarl import URL
 
+from channels.http_api import ApiError, check_unicode
+
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MESSAGE_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 UINT = re.compile(r"[0-9]{1,18}")
@@ -34,6 +40,14 @@ AUDIO_TYPES = {"audio/webm": ".webm", "audio/ogg": ".ogg", "audio/mp4": ".m4a",
 UPLOAD_TYPES = {**IMAGE_TYPES, **AUDIO_TYPES}
 _MESSAGE_FIELDS = frozenset({"type", "chat_id", "message_id", "text", "image", "audio"})
 _IMAGE_FIELDS = frozenset({"data_base64", "mime", "name"})
+
+
+PARTIAL = "partial"
+"""What a page shows a reply in while it is written: no message of the log yet."""
+
+
+def partial_frame(stream: str, text: str) -> dict[str, Any]:
+    return {"type": "partial", "stream": stream, "text": text}
 
 
 class FrameError(Exception):
@@ -105,6 +119,10 @@ def parse_frame(raw: str) -> dict[str, Any]:
         raise FrameError("frame: not valid JSON") from None
     if not isinstance(data, dict):
         raise FrameError("frame: must be a JSON object")
+    try:
+        check_unicode(data)
+    except ApiError as exc:
+        raise FrameError(exc.message) from None
     kind = data.get("type")
     if not isinstance(kind, str):
         raise FrameError("type: required, a string")

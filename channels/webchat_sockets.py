@@ -30,10 +30,11 @@ from channels.webchat_frames import (
     parse_message,
 )
 from channels.webchat_store import LogEntry, WebchatLog, is_audio, save_image, user_key
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import InboundKind, InboundMessage, Media
 from gateway.kernel.inbox_files import inbox_path
+from gateway.kernel.store_db import StoreUnavailable
 
 _log = logging.getLogger(__name__)
 
@@ -205,12 +206,15 @@ class ChatSockets:
             sock.push(exc.frame())
         except (asyncio.CancelledError, ConnectionError):
             raise
+        except (NotStored, StoreUnavailable) as exc:  # not acknowledged: the page keeps it
+            _log.warning("webchat: a message of chat %s was not stored: %s", sock.chat_id, exc)
+            sock.push(FrameError(f"store: the gateway cannot store messages right now ({exc}); "
+                                 "the message is sent again after reconnecting",
+                                 message_id=_message_id(data), retry=True).frame())
         except Exception:
             _log.exception("webchat: a frame of chat %s failed", sock.chat_id)
-            message_id = data.get("message_id") if isinstance(data.get("message_id"), str) \
-                else None
             sock.push(FrameError("internal error; the message is sent again after reconnecting",
-                                 message_id=message_id, retry=True).frame())
+                                 message_id=_message_id(data), retry=True).frame())
 
     async def _accept(self, sock: Socket, chat_id: str, message_id: str, text: str,
                       image: ImageData | None) -> None:
@@ -259,6 +263,11 @@ class ChatSockets:
             kind=_inbound_kind(entry.text),
             received_at=datetime.fromisoformat(entry.created_at), chat_type="direct",
             trust="owner")  # only loopback or the token's holder reaches the page
+
+
+def _message_id(data: dict[str, Any]) -> str | None:
+    value = data.get("message_id")
+    return value if isinstance(value, str) else None
 
 
 def _inbound_kind(text: str) -> InboundKind:

@@ -9,11 +9,12 @@ heartbeat stop → outbound messages are flushed → channels stop → the datab
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from agent.loop import AgentLoop
@@ -28,13 +29,16 @@ from gateway.delivery import ChannelManager, ChannelStats
 from gateway.heartbeat import Heartbeat
 from gateway.inbox_cleanup import InboxCleanup
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.channel_registry import installed, load
 from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config
+from gateway.kernel.config_channels import section_of
 from gateway.kernel.cron_jobs import CRON_CHANNEL, CronJobs
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
 from gateway.kernel.secrets import register_secrets
 from gateway.kernel.store import Store
+from gateway.streaming import channel_streaming
 from workspace.bootstrap import seed_workspace
 
 if TYPE_CHECKING:
@@ -42,9 +46,6 @@ if TYPE_CHECKING:
     from gateway.cluster import ClusterWorker
 
 _log = logging.getLogger(__name__)
-
-CONFIGURED_CHANNELS = ("local", "telegram", "discord", "webchat")
-"""Started from config when their section says ``enabled``; ``terminal`` is ``parley chat``'s."""
 
 
 class Gateway:
@@ -74,6 +75,8 @@ class Gateway:
         self._warm_up: asyncio.Task[None] | None = None
         self._dead_before = 0
         self.clock: Clock = clock or SystemClock()
+        self.manager.streams.clock = self.clock  # live replies: throttled on this clock
+        self.manager.streams.settings = partial(channel_streaming, config)
         self.monotonic = monotonic
         self.cron: CronScheduler | None = None
         self.heartbeat: Heartbeat | None = None
@@ -143,7 +146,7 @@ class Gateway:
                 await self.cluster_worker.try_lead()
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
-                self._warm_up = asyncio.create_task(asyncio.to_thread(warm_up),
+                self._warm_up = asyncio.create_task(asyncio.to_thread(self._warm_up_model),
                                                     name="llm-warm-up")
         except BaseException:
             self._state = "failed"
@@ -155,6 +158,12 @@ class Gateway:
         _log.info("gateway running: model %s, channels %s, workspace %s",
                   self.config.agent.model, ", ".join(self.manager.channels) or "none",
                   self.config.workspace_path)
+
+    def _warm_up_model(self) -> None:
+        """(In a thread.) litellm imported, then whether the model has the key it needs:
+        health says so from then on, without importing anything itself."""
+        warm_up()
+        self.provider.health.config_problem = self.provider.configuration_problem()
 
     async def _resolve_exec(self) -> ExecAccess:
         """Whether ``exec`` runs sandboxed, unsandboxed or not at all; said once, loudly when
@@ -208,18 +217,16 @@ class Gateway:
                             spawn=self.subagents.spawn if self.subagents is not None else None)
 
     def _configured_channel_list(self) -> list[Channel]:
-        """One adapter per enabled ``channels.<name>`` section, built by ``channels.<name>``."""
+        """One adapter per enabled ``channels.<name>`` section, built by the installed channel
+        class of that name (``parley.channels`` entry points)."""
         if not self._configured or self.store is None:
             return []
         deps = ChannelDeps(config=self.config, bus=self.bus, store=self.store,
                            data_path=self.config.data_path, health=self.health,
                            monotonic=self.monotonic)
         out: list[Channel] = []
-        for name in CONFIGURED_CHANNELS:
-            section = getattr(self.config.channels, name, None)
-            if section is None or not section.enabled:
-                continue
-            channel = importlib.import_module(f"channels.{name}").create(deps)
+        for name, cls in enabled_channel_classes(self.config).items():
+            channel = cls.from_deps(deps)
             if name == "local":
                 self.local = channel
             out.append(channel)
@@ -270,7 +277,8 @@ class Gateway:
         await self.stop()
 
     def health(self) -> dict[str, Any]:
-        """What ``GET /v1/health`` and ``parley status`` show; cheap (no I/O)."""
+        """What ``GET /v1/health`` and ``parley status`` show; cheap (two ``stat`` calls, no
+        database or network I/O). ``status`` is ``ok`` only while nothing is in ``reasons``."""
         uptime = time.monotonic() - self._started_at if self._started_at else 0.0
         channels: dict[str, Any] = {}
         for name, channel in self.manager.channels.items():
@@ -288,12 +296,15 @@ class Gateway:
                 "state": state, "reason": reason,
             }
         agent = self.agent
-        healthy = all(c["state"] == "connected" for c in channels.values())
+        reasons = [*self._problems(), *(
+            f"channel {name}: {c['state']}" + (f": {c['reason']}" if c["reason"] else "")
+            for name, c in channels.items() if c["state"] != "connected")]
         cluster = self.cluster_worker.health() if self.cluster_worker else None
         if cluster is not None and not cluster["taking_work"]:
-            healthy = False
+            reasons.append(f"cluster: {cluster.get('problem') or 'not taking work'}")
         return {
-            "status": "ok" if healthy else "degraded",
+            "status": "degraded" if reasons else "ok",
+            "reasons": reasons,
             "gateway": self._state,
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
@@ -311,7 +322,23 @@ class Gateway:
             "recent_errors": agent.recent_errors if agent else [],
             "mcp": self.mcp.status() if self.mcp is not None else {},
             "exec": self.exec_access.describe() if self.exec_access is not None else None,
+            "context_window": agent.window if agent else None,
         }
+
+    def _problems(self) -> list[str]:
+        """What keeps the gateway from doing its job, besides its channels: the database or
+        the data folder gone or unwritable, the model without its key or failing."""
+        problems = []
+        store = self.store
+        if store is not None and (found := store.check_file() or store.problem):
+            problems.append(f"storage: {found}")
+        data = self.config.data_path
+        if self._state == "running" and not os.access(data, os.W_OK | os.X_OK):
+            problems.append(f"storage: the data folder {data} is gone or not writable; "
+                            "messages and files cannot be kept")
+        if (model := self.provider.health.problem()) is not None:
+            problems.append(f"model: {model}")
+        return problems
 
     async def run_until_signalled(self, stop_event: asyncio.Event | None = None) -> None:
         """Run until SIGINT/SIGTERM (or ``stop_event``), then stop cleanly."""
@@ -327,6 +354,17 @@ class Gateway:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def enabled_channel_classes(config: Config) -> dict[str, Any]:
+    """The installed channel classes whose ``channels.<name>`` section is enabled (only those
+    are imported); ``terminal`` is ``parley chat``'s, not an installed channel."""
+    out: dict[str, Any] = {}
+    for name, entry in installed().items():
+        section = section_of(config.channels, name)
+        if section is not None and getattr(section, "enabled", False):
+            out[name] = load(name, entry)
+    return out
 
 
 def channel_state(status: ChannelStatus, stats: ChannelStats,

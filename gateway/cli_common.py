@@ -58,6 +58,8 @@ def run_sync(coro: Coroutine[Any, Any, T], config: Config | None = None) -> T:
     except (OSError, sqlite3.DatabaseError) as exc:
         line = explain(exc, config) if config is not None else None
         raise fail(line or f"{type(exc).__name__}: {exc}") from None
+    except ConfigError as exc:  # found at start (a window too small for the fixed part)
+        raise fail(str(exc)) from None
 
 
 async def with_store(config: Config, fn: Any) -> Any:

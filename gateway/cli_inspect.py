@@ -50,6 +50,19 @@ def _exec_line(config: Config, health: dict[str, Any] | None) -> str:
     return access.describe()
 
 
+def _installed_channels(config: Config) -> None:
+    """The channels installed (``parley.channels`` entry points: built-in and plugins), and
+    which of them the config switches on."""
+    from gateway.kernel.channel_registry import names
+    from gateway.kernel.config_channels import section_of
+
+    installed = names()
+    enabled = [n for n in installed
+               if getattr(section_of(config.channels, n), "enabled", False)]
+    say(f"channels: {', '.join(installed) or 'none'} installed; enabled: "
+        f"{', '.join(enabled) or 'none'}")
+
+
 def status(config_path: ConfigOpt = None) -> None:
     """Is the gateway running, which model, how many sessions.
 
@@ -59,12 +72,15 @@ def status(config_path: ConfigOpt = None) -> None:
     say(f"config:   {config.source}")
     say(f"model:    {config.agent.model}")
     say(f"exec:     {_exec_line(config, health)}")
+    _installed_channels(config)
     if health:
         say(f"gateway:  {health.get('gateway', 'running')}, up {health.get('uptime_s')} s, "
             f"{health.get('turns_done', 0)} turn(s) answered, "
             f"{health.get('busy_sessions', 0)} busy session(s), "
             f"{health.get('queued_messages', 0)} waiting message(s)")
         say(f"health:   {health.get('status', 'ok')}")
+        for reason in health.get("reasons") or []:  # why it is degraded, one line each
+            say(f"  reason: {reason}")
         say(f"outbox:   {health.get('outbox_pending', 0)} pending, "
             f"{health.get('dead_letters', 0)} dead letter(s)")
         table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")
@@ -91,12 +107,27 @@ def status(config_path: ConfigOpt = None) -> None:
             "`parley gateway`")
     else:
         say("gateway:  unknown: channels.local is disabled, and status asks through it")
+    _context_line(config, health)
     if config.database or config.db_path.exists():
         counts = run_sync(with_store(config, lambda s: s.counts()), config)
         say(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
             f"in {config.store_label}")
     if not health:  # scripts and service checks read the exit status
         raise typer.Exit(1)
+
+
+def _context_line(config: Config, health: dict[str, Any] | None) -> None:
+    """How the model's window is shared out, and a warning when little is left for history
+    (the running gateway's figures, else the config's and the workspace's)."""
+    plan = (health or {}).get("context_window")
+    if plan is None:
+        from agent.assembly import plan_for
+
+        plan = plan_for(config).describe()
+    say(f"context:  {plan['window']:,}-token window: {plan['reserve']:,} for the reply, "
+        f"{plan['fixed'] - plan['reserve']:,} fixed, {max(plan['history'], 0):,} for history")
+    if plan.get("warning"):
+        say(f"  warning: {plan['warning']}")
 
 
 @sessions_app.command("list")
@@ -153,6 +184,27 @@ def sessions_export(ref: Annotated[str, typer.Argument(help="Session id or key."
                                      "tokens": m.tokens, **m.body}, ensure_ascii=False) + "\n")
 
 
+@sessions_app.command("search")
+def sessions_search(
+    query: Annotated[str, typer.Argument(help="Words to find (3+ letters match inside words).")],
+    config_path: ConfigOpt = None,
+    chat: Annotated[str | None, typer.Option(
+        "--chat", help="Only this chat (channel:chat_id); default: every chat.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=100)] = 10,
+) -> None:
+    """Find words in past conversations (the index session_search uses)."""
+    config = load(config_path)
+    hits = run_sync(with_store(config, lambda s: s.search_messages(query, chat=chat,
+                                                                     limit=limit)), config)
+    if not hits:
+        say(f"no message matches {query!r}")
+        return
+    table = Table("message", "session", "when", "role", "text")
+    for hit in hits:
+        add_row(table, hit.message_id, hit.session_key, hit.created_at[:16], hit.role, hit.text)
+    out.print(table)
+
+
 @context_app.command("show")
 def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
                  config_path: ConfigOpt = None,
@@ -191,6 +243,9 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
         data = {**snap, "turn": number}
         if rebuilt is not None:
             data["messages"], data["replay_matches"] = rebuilt.messages, rebuilt.matches
+            data["replay_calls"] = [{"messages": c.messages, "matches": c.matches}
+                                    for c in rebuilt.calls]
+            data["replay_note"] = rebuilt.note
         sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         return
     say(f"session {snap['session_key']}, turn {number} of {count} ({snap['turn_id']})")
@@ -212,10 +267,24 @@ def context_show(ref: Annotated[str, typer.Argument(help="Session id or key.")],
     out.print(table)
     say(", ".join(f"{k}: {v}" for k, v in snap["sources"].items()))
     if rebuilt is not None:
+        _print_replay(rebuilt, content_text)
+
+
+def _print_replay(rebuilt: Any, content_text: Any) -> None:
+    """The first call's messages, then what each later model call of the turn added."""
+    if rebuilt.note:
+        say(f"\nnote: {rebuilt.note}")
+    else:
         state = "matches the stored hash" if rebuilt.matches else \
-            "DIFFERS from the stored hash (the workspace or config changed since)"
+            "DIFFERS from the stored hash (a stored text or message changed)"
         say(f"\nreplayed from the database: {state}")
-        for m in rebuilt.messages:
+    shown = 0
+    for number, call in enumerate(rebuilt.calls, 1):
+        if len(rebuilt.calls) > 1:
+            verdict = "matches" if call.matches else "DIFFERS"
+            out.rule(Text(f"model call {number} of {len(rebuilt.calls)}: {verdict}"))
+        for m in call.messages[shown:]:
             content = content_text(m.get("content"))
-            out.rule(Text(str(m['role'])))
+            out.rule(Text(str(m["role"])))
             say(content or json.dumps(m.get("tool_calls")))
+        shown = len(call.messages)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.clock import Clock, sleep_or_wake
 from gateway.kernel.cron_jobs import (
     CRON_CHANNEL,
@@ -144,6 +144,9 @@ class CronScheduler:
             return "ran", None, task_key_prefix(job.id, run_at)
         except BusClosed:
             raise
+        except NotStored as exc:  # the database is gone or full: health says so already
+            _log.warning("cron: job %s (%s) could not run: %s", job.id, job.name, exc)
+            return "failed", str(exc), None
         except Exception as exc:
             _log.exception("cron: job %s (%s) could not run", job.id, job.name)
             return "failed", f"{type(exc).__name__}: {exc}", None

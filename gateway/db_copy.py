@@ -16,7 +16,8 @@ from gateway.kernel.store_sql import TABLE_SETS, TableSet
 
 OWNERS = ("gateway.kernel.store_schema", "gateway.kernel.pairing", "gateway.kernel.cron_jobs",
           "channels.webchat_store", "channels.discord_cursors", "channels.sent_parts",
-          "gateway.kernel.store_pg_cluster")
+          "gateway.kernel.store_pg_cluster", "channels.local_log", "gateway.streaming",
+          "channels.webchat_chats", "gateway.kernel.store_search")
 """The modules that own table sets; a new one is added here (docs/architecture.md)."""
 
 BATCH = 500
@@ -50,6 +51,8 @@ async def copy_store(source: Store, dest: Store,
         await dest.migrate(tables)
     for tables in sets:
         for table in tables.tables:
+            if not await dest.columns(table):
+                continue
             row = await dest._fetchone(f"SELECT COUNT(*) FROM {table}", ())
             if row and int(row[0]):
                 raise NotEmpty(f"{dest.target} already has rows in {table}: copy into an "
@@ -59,15 +62,24 @@ async def copy_store(source: Store, dest: Store,
         for table in tables.tables:
             copied[table] = await _copy_table(source, dest, table, tables)
             progress(table, copied[table])
+    if dest.dialect == "postgresql":  # index the copied messages for session search
+        await dest._write(lambda db: db.execute("DELETE FROM search_backfill"))
+        await dest._write(lambda db: db.execute("DELETE FROM message_search_plain"))
+        await dest.backfill_search()
     return copied
 
 
 async def _copy_table(source: Store, dest: Store, table: str, tables: TableSet) -> int:
     have = await dest.columns(table)
     cols = [c for c in await _ordered_columns(source, table) if c in have]
+    if not cols:  # not in the source (SQLite's search index may be FTS5 instead)
+        return 0
     names = ", ".join(cols)
     insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})"
-    order = "rowid" if source.dialect == "sqlite" else "1"
+    order = "1"
+    if source.dialect == "sqlite":  # insertion order, where the table has one
+        made = await source._fetchone("SELECT sql FROM sqlite_master WHERE name = ?", (table,))
+        order = "1" if made and "WITHOUT ROWID" in str(made[0]).upper() else "rowid"
     batch: list[tuple[Any, ...]] = []
     count = 0
 

@@ -30,10 +30,11 @@ from channels.base import Channel
 from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DeliveryConfig
-from gateway.kernel.events import ChatActivity, OutboundMessage, utcnow
+from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
 from gateway.kernel.store import PendingOutbound, Store
 from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints, Delivery
+from gateway.streaming import StreamDesk
 
 _log = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ class ChannelManager:
         """Channels that could not start, with the reason; they are tried again meanwhile."""
         self._restarts = TaskSet()
         bus.on_activity(self._activity)
+        self.streams = StreamDesk(self.channels, lambda name: None)
+        """Replies shown while written; the root sets which channels (``settings``)."""
+        bus.on_stream(self.streams.open)
+        bus.on_stage(self._stage)
 
     # channels ------------------------------------------------------------------------------
 
@@ -112,6 +117,15 @@ class ChannelManager:
         channel = self.channels.get(event.channel)
         if channel is not None:
             channel.activity(event)
+
+    def _stage(self, event: MessageStage) -> None:
+        """Forward to the message's channel when it shows reactions (``streaming``)."""
+        channel = self.channels.get(event.channel)
+        settings = self.streams.settings(event.channel)
+        if channel is not None and settings is not None and settings.reactions:
+            react = getattr(channel, "react", None)
+            if react is not None:
+                react(event)
 
     async def start_channels(self) -> None:
         """Start each channel; one that cannot start is marked down and retried in the
@@ -162,6 +176,7 @@ class ChannelManager:
         """Resend what the last run left undelivered (unless ``resend`` is False: on
         PostgreSQL the cluster worker claims it), then route new messages."""
         self.store = store
+        await self.streams.start(store)
         if store is not None and resend:
             await self.resend(await store.outbox_pending(list(self.channels)))
         self._router = asyncio.create_task(self._route(), name="delivery-router")
@@ -197,6 +212,7 @@ class ChannelManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.streams.stop()
         self._router = None
         self._tasks.clear()
         self._chats.clear()
@@ -286,6 +302,8 @@ class ChannelManager:
                 if job.durable and self.store is not None:
                     await self.store.outbox_result(job.msg.idempotency_key, delivered=True,
                                                    attempts=job.attempts)
+                if job.msg.stream is not None:
+                    await self.streams.forget(job.msg.stream)
                 return delivery
             stats.failed_tries += 1
             error = delivery.error or "failed"
@@ -318,7 +336,7 @@ class ChannelManager:
         limit = job.time_left()
         try:
             async with asyncio.timeout(limit) as timer:
-                return await channel.send(job.msg)
+                return await self._send(channel, job.msg)
         except TimeoutError as exc:
             if timer.expired():
                 return Delivery(ok=False, error=f"no answer from {channel.name} within "
@@ -326,6 +344,15 @@ class ChannelManager:
             return _raised(channel, exc)
         except Exception as exc:
             return _raised(channel, exc)
+
+    async def _send(self, channel: Channel, msg: OutboundMessage) -> Delivery:
+        """``msg`` sent; a reply that was shown while written goes into what showed it."""
+        if msg.stream is not None:
+            message_id = await self.streams.settle(msg.stream)
+            live = getattr(channel, "live", None)
+            if message_id is not None and live is not None:
+                return await live.finish(msg, message_id)
+        return await channel.send(msg)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         return BackoffPolicy(self.config.backoff, self.config.max_backoff,
@@ -340,6 +367,8 @@ class ChannelManager:
         if job.durable and self.store is not None:
             await self.store.outbox_result(job.msg.idempotency_key, delivered=False,
                                            attempts=job.attempts, error=error, dead=True)
+        if job.msg.stream is not None:  # what the stream showed stays as it is
+            await self.streams.forget(job.msg.stream)
 
     # health --------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from gateway.kernel.bus import BusClosed, MessageBus
+from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.clock import Clock
 from gateway.kernel.config import HeartbeatConfig
 from gateway.kernel.events import InboundMessage
@@ -104,6 +104,8 @@ class Heartbeat:
                 await self.beat(now)
             except BusClosed:
                 return
+            except NotStored as exc:  # the database is gone or full: health says so already
+                _log.warning("heartbeat: not run: %s", exc)
             except Exception:
                 _log.exception("heartbeat failed")
             while due <= now:  # beats missed meanwhile are not made up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,18 @@ async def gateway(make_config: MakeConfig) -> AsyncIterator[Gateway]:
         yield gw
     finally:
         await gw.stop()
+
+
+def offered_tools(request: dict[str, Any], *, loadable: bool = True) -> set[str]:
+    """The tools a model request offers in full, and (``loadable``) those ``load_tools``
+    names in its one line."""
+    names: set[str] = set()
+    for schema in request.get("tools") or ():
+        fn = schema["function"]
+        names.add(fn["name"])
+        if fn["name"] == "load_tools" and loadable:
+            names |= set(re.findall(r"(?:: |; )([\w-]+) \(", fn["description"]))
+    return names
 
 
 # PostgreSQL (issue 19): one throwaway cluster for the session, a fresh database per test --------

@@ -5,6 +5,7 @@ module grows past 450 lines without saying why.
     workspace        the files on disk                      : kernel
     channels         one adapter per platform               : kernel
     agent            context, tool loop, tools              : kernel, workspace
+    parley           the plugin authors' kit (testing)      : kernel, channels
     gateway          the composition root (app, cli, ...)   : anything
 
 Every import counts, including those under ``TYPE_CHECKING`` and inside functions: a circle
@@ -18,12 +19,13 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "channels", "agent", "workspace")
+PACKAGES = ("gateway", "channels", "agent", "workspace", "parley")
 ALLOWED: dict[str, set[str]] = {
     "kernel": {"kernel"},
     "workspace": {"kernel", "workspace"},
     "channels": {"kernel", "channels"},
     "agent": {"kernel", "workspace", "agent"},
+    "parley": {"kernel", "channels", "parley"},
     "root": {"kernel", "workspace", "channels", "agent", "root"},
 }
 MAX_LINES = 450
@@ -145,5 +147,6 @@ def test_the_rule_sees_a_wrong_edge_and_a_circle() -> None:
     """The checks themselves: they would have caught what they are for."""
     assert layer("gateway.kernel.events") == "kernel" and layer("gateway.app") == "root"
     assert "channels" not in ALLOWED["agent"] and "agent" not in ALLOWED["channels"]
+    assert layer("parley.testing.contract") == "parley" and "agent" not in ALLOWED["parley"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []

@@ -21,6 +21,9 @@ USER_FILE = "USER.md"
 OWNER_FILES = (USER_FILE, MEMORY_FILE)
 """About the owner: in the prompt only where ``agent.trust.owner_files`` lets them reach."""
 HEARTBEAT_FILE = "HEARTBEAT.md"
+FIRST_RUN_FILE = "BOOTSTRAP.md"
+"""First-run instructions (OpenClaw's ritual): in the owner's prompt while the file exists;
+the agent deletes it when done."""
 HEAD_SHARE = 0.7
 TAIL_SHARE = 0.2
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ class Skill:
     available: bool
     reason: str | None
     body: str
+    tools: tuple[str, ...] = ()
+    """Tools an always-on skill uses: offered in full from the start (``tools:``)."""
 
     def summary_line(self, workspace: Path) -> str:
         try:
@@ -62,19 +66,52 @@ def _names(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
-def _availability(meta: dict[str, Any]) -> tuple[bool, str | None]:
+def config_value(config: Any, key: str) -> Any:
+    """The value at a dotted config path (``agent.tools.web.search.provider``), else None."""
+    node = config
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        else:
+            node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def _set(value: Any) -> bool:
+    """A config key counts as set when it holds something other than off, empty or none."""
+    return value not in (None, False, "", "none", 0) and value != []
+
+
+def this_os() -> set[str]:
+    system = platform.system().lower()
+    return {system, sys.platform, {"darwin": "macos"}.get(system, system)}
+
+
+def _availability(meta: dict[str, Any], config: Any = None) -> tuple[bool, str | None]:
+    """``requires``: ``bins`` (commands on PATH), ``env`` (variables), ``config`` (dotted
+    keys of the gateway's config that must be set) and ``os`` (any of linux, darwin/macos,
+    windows/win32)."""
     requires = meta.get("requires") or {}
     if not isinstance(requires, dict):
         return True, None
     missing = [f"command {b}" for b in _names(requires.get("bins")) if not shutil.which(b)]
     missing += [f"env {e}" for e in _names(requires.get("env")) if not os.environ.get(e)]
+    missing += [f"config {k}" for k in _names(requires.get("config"))
+                if not _set(config_value(config, k))]
+    wanted = {o.lower() for o in _names(requires.get("os"))}
+    if wanted and not wanted & this_os():
+        missing.append(f"os {' or '.join(sorted(wanted))} (this is {platform.system()})")
     return (False, "missing " + ", ".join(missing)) if missing else (True, None)
 
 
 class SkillsIndex:
-    def __init__(self, folders: list[Path]) -> None:
-        """``folders`` in rising priority: a later folder's skill overrides an earlier one."""
+    def __init__(self, folders: list[Path], *, config: Any = None) -> None:
+        """``folders`` in rising priority: a later folder's skill overrides an earlier one.
+        ``config``: the gateway's, for ``requires: {config: [...]}``."""
         self.folders = folders
+        self.config = config
         self._sig: tuple[Any, ...] | None = None
         self._skills: list[Skill] = []
 
@@ -110,8 +147,9 @@ class SkillsIndex:
                 _log.warning("cannot read skill %s: %s", path, exc)
                 continue
             name = str(meta.get("name") or Path(folder_path).name)
-            available, reason = _availability(meta)
+            available, reason = _availability(meta, self.config)
             found[name] = Skill(name=name, description=str(meta.get("description") or "").strip(),
                                 path=path, always=bool(meta.get("always")),
-                                available=available, reason=reason, body=body)
+                                available=available, reason=reason, body=body,
+                                tools=tuple(_names(meta.get("tools"))))
         return sorted(found.values(), key=lambda s: s.name)

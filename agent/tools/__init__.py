@@ -48,8 +48,12 @@ def build_registry(config: ToolsConfig, *, memory: MemoryConfig | None = None,
         from agent.tools.spawn import SPAWN_TOOLS
 
         tools += SPAWN_TOOLS
+    if config.session_search.enabled:
+        from agent.tools.session_search import SESSION_SEARCH_TOOLS
+
+        tools += SESSION_SEARCH_TOOLS
     if memory is not None and memory.enabled:
         from agent.tools.memory import memory_tool
 
         tools.append(memory_tool(memory, timezone=timezone))
-    return ToolRegistry(tools)
+    return ToolRegistry(tools, core=None if "*" in config.core else tuple(config.core))

@@ -123,13 +123,31 @@ def tool(func: ToolFunc | None = None, *, name: str | None = None,
         return lambda f: Tool(f, name=name, group=group)
     return Tool(func, name=name, group=group)
 
+LOAD_TOOLS = "load_tools"
+"""Offered when some allowed tools are not: the model loads them by name for the turn."""
+NO_LOADED: frozenset[str] = frozenset()
+
+
+def _hint(description: str) -> str:
+    """A tool's description shortened to its first clause, for the one line of the rest."""
+    first = re.split(r"[.,;:(]", description, maxsplit=1)[0].strip()
+    return first if len(first) <= 48 else first[:47].rsplit(" ", 1)[0] + "…"
+
+
 class ToolRegistry:
     """The tools the agent has. Each turn sees only those its audience allows
-    (``agent/trust.py``): the others are neither offered nor run."""
+    (``agent/trust.py``): the others are neither offered nor run.
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    With ``core`` (names and patterns) only those are offered in full at first; the other
+    allowed tools are named in one line, in ``load_tools``, whose call offers them from the
+    next model call of the turn on (``TurnNotes.loaded``). A call to an allowed tool runs
+    whether its schema was offered or not."""
+
+    def __init__(self, tools: Iterable[Tool] = (), *,
+                 core: tuple[str, ...] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
-        self._schemas: dict[ToolFilter, list[dict[str, Any]]] = {}
+        self.core = ToolFilter(core) if core is not None else None
+        self._schemas: dict[tuple[ToolFilter, frozenset[str]], list[dict[str, Any]]] = {}
         for t in tools:
             self.register(t)
 
@@ -154,19 +172,63 @@ class ToolRegistry:
     def __len__(self) -> int:
         return len(self._tools)
 
-    def schemas(self, allowed: ToolFilter = ALL_TOOLS) -> list[dict[str, Any]]:
-        """The tool list sent to the model for an audience, built once per filter (the same
-        list object until tools come or go, so its token count is cached too)."""
-        found = self._schemas.get(allowed)
+    def schemas(self, allowed: ToolFilter = ALL_TOOLS,
+                loaded: frozenset[str] = NO_LOADED) -> list[dict[str, Any]]:
+        """The tool list sent to the model for an audience (and the tools loaded in the
+        turn), built once per pair (the same list object until tools come or go, so its
+        token count is cached too)."""
+        key = (allowed, loaded)
+        found = self._schemas.get(key)
         if found is None:
-            found = self._schemas[allowed] = [t.schema() for t in self._tools.values()
-                                              if allowed.allows(t.name)]
+            if len(self._schemas) >= 4096:
+                self._schemas = {}
+            offered = [t for t in self._tools.values() if allowed.allows(t.name)]
+            core = self.core
+            rest = [] if core is None else [
+                t for t in offered if not core.allows(t.name) and t.name not in loaded]
+            found = [t.schema() for t in offered if t not in rest]
+            if rest:
+                found.append(self._load_schema(rest))
+            self._schemas[key] = found
         return found
+
+    def deferred(self, allowed: ToolFilter) -> list[str]:
+        """The allowed tools not offered at first (named by ``load_tools``)."""
+        core = self.core
+        return [] if core is None else [n for n in self._tools
+                                        if allowed.allows(n) and not core.allows(n)]
+
+    @staticmethod
+    def _load_schema(rest: list[Tool]) -> dict[str, Any]:
+        names = "; ".join(f"{t.name} ({_hint(t.description)})" for t in rest)
+        return {"type": "function", "function": {
+            "name": LOAD_TOOLS,
+            "description": f"Load more tools for this task, then call them: {names}.",
+            "parameters": {"properties": {"names": {"type": "array",
+                                                    "items": {"type": "string"}}},
+                           "required": ["names"], "type": "object"}}}
+
+    def _load(self, raw_args: str | dict[str, Any] | None, ctx: TurnContext) -> ToolResult:
+        """``load_tools``: the named tools (allowed for this sender) join the turn's list."""
+        try:
+            args = raw_args if isinstance(raw_args, dict) else json.loads(raw_args or "{}")
+            names = [str(n) for n in args["names"]]
+        except (ValueError, KeyError, TypeError):
+            return ToolResult('Error: send {"names": ["tool", ...]}.', True)
+        loadable = self.deferred(ctx.access.tools)
+        unknown = [n for n in names if n not in loadable]
+        if unknown:
+            return ToolResult(f"Error: cannot load {', '.join(unknown)}; loadable here: "
+                              f"{', '.join(loadable) or 'none'}.", True)
+        ctx.notes.loaded = ctx.notes.loaded | frozenset(names)
+        return ToolResult(f"Loaded {', '.join(names)}: call them now.")
 
     async def execute(self, name: str, raw_args: str | dict[str, Any] | None,
                       ctx: TurnContext) -> ToolResult:
         allowed = ctx.access.tools
         t = self._tools.get(name)
+        if t is None and name == LOAD_TOOLS and self.core is not None:
+            return self._load(raw_args, ctx)
         if t is not None and not allowed.allows(name):
             _log.warning("tool %s refused: not allowed for a %s in %s", name,
                          ctx.access.trust, ctx.session_key)

@@ -95,6 +95,6 @@ async def resolve_exec_access(config: ExecToolConfig, files: GatewayFiles) -> Ex
     if isinstance(found, NoSandbox):
         return ExecAccess("off", found.reason)
     network = "has the network" if config.sandbox.network else "has no network"
-    about = (f"It runs in a sandbox: only the workspace (also HOME) is writable, /tmp is new "
-             f"for each command, and it {network}.")
+    about = (f"In a sandbox: only the workspace (also HOME) is writable, /tmp is fresh, it "
+             f"{network}.")
     return ExecAccess("sandboxed", found.describe(), found, about)

@@ -76,6 +76,25 @@ def resolve_for(ctx: TurnContext, path: str, *, restrict: bool = False) -> Path:
 _resolve = resolve_for
 
 
+def skill_file(ctx: TurnContext, path: str) -> Path | None:
+    """An absolute ``path`` inside a skill folder outside the workspace (as the skills list
+    shows it): readable by anyone who may read files, like the workspace's ``skills/``."""
+    if not ctx.services.skill_folders or not Path(path).is_absolute() or "\0" in path:
+        return None
+    try:
+        target = Path(path).resolve()
+    except (RuntimeError, OSError):
+        return None
+    for folder in ctx.services.skill_folders:
+        try:
+            root = folder.expanduser().resolve()
+        except (RuntimeError, OSError):
+            continue
+        if target.is_relative_to(root) and target != root:
+            return target
+    return None
+
+
 def _is_binary(head: bytes) -> bool:
     return b"\0" in head
 
@@ -150,20 +169,19 @@ def _read_text(target: Path, shown: str, offset: int, limit: int | None, max_cha
 @tool(group="files")
 async def read_file(ctx: TurnContext, path: str, offset: int = 1,
                     limit: int | None = None) -> str:
-    """Read a text file from the workspace; each line is prefixed with its number and a tab
-    (the numbers are not part of the file). Long files are cut; the note at the end says which
-    offset to read next.
+    """Read a workspace text file. Each line starts with its number and a tab (not part of
+    the file); a long file is cut, the note at the end names the offset to read next.
 
     Args:
-        path: file path, relative to the workspace.
-        offset: number of the first line to return (1 is the first line of the file).
-        limit: how many lines to return at most (default: as many as fit in the size cap).
+        path: relative to the workspace.
+        offset: first line to return (1-based).
+        limit: most lines to return.
     """
     if offset < 1:
         raise ToolRetry("offset is the 1-based number of the first line; use 1 or more")
     if limit is not None and limit < 1:
         raise ToolRetry("limit must be 1 or more (or left out)")
-    target = _resolve(ctx, path)
+    target = skill_file(ctx, path) or _resolve(ctx, path)
     if target.is_dir():
         raise ToolRetry(f"{path} is a directory; use list_dir to see what it holds")
     if not target.is_file():
@@ -179,11 +197,11 @@ def _write(target: Path, data: bytes) -> None:
 
 @tool(group="files")
 async def write_file(ctx: TurnContext, path: str, content: str) -> str:
-    """Write a text file in the workspace, replacing it if it exists; missing folders are made.
+    """Write a workspace file (replaced if it exists; folders made).
 
     Args:
-        path: file path, relative to the workspace.
-        content: the whole new content of the file.
+        path: relative to the workspace.
+        content: the whole new content.
     """
     target = _resolve(ctx, path)
     if target.is_dir():
@@ -219,13 +237,13 @@ def _edit(target: Path, shown: str, old: str, new: str, replace_all: bool) -> in
 @tool(group="files")
 async def edit_file(ctx: TurnContext, path: str, old_text: str, new_text: str,
                     replace_all: bool = False) -> str:
-    """Replace an exact piece of text in a workspace file.
+    """Replace exact text in a workspace file.
 
     Args:
-        path: file path, relative to the workspace.
-        old_text: the exact text to replace, as it appears in the file (without line numbers).
-        new_text: the text to put in its place.
-        replace_all: replace every occurrence; otherwise old_text must occur exactly once.
+        path: relative to the workspace.
+        old_text: the exact text, as in the file (no line numbers).
+        new_text: its replacement.
+        replace_all: every occurrence; else old_text must occur once.
     """
     if not old_text:
         raise ToolRetry("old_text is empty; give the exact text to replace")
@@ -270,10 +288,10 @@ def _list(target: Path) -> tuple[list[str], int]:
 
 @tool(group="files")
 async def list_dir(ctx: TurnContext, path: str = ".") -> str:
-    """List a workspace folder: folders end with "/", files show their size.
+    """List a workspace folder (folders end with "/", files show their size).
 
     Args:
-        path: folder path, relative to the workspace ("." is the workspace itself).
+        path: relative to the workspace.
     """
     target = _resolve(ctx, path)
     if not target.exists():

@@ -75,8 +75,8 @@ def memory_tool(config: MemoryConfig, *, timezone: str = "UTC") -> Tool:
         Args:
             action: remember saves text; search finds notes sharing its words.
             text: the note (self-contained) or the search words.
-            kind: log: today's log, recalled when relevant. fact: lasting, kept in MEMORY.md
-                (always in your prompt; keep it short).
+            kind: log: today's log, recalled when relevant; fact: lasting, in MEMORY.md
+                (always in your prompt: keep it short).
         """
         if action == "search":
             return await _search(readable(ctx), text)

@@ -257,13 +257,12 @@ def exec_tool(runner: CommandRunner, *, about: str = "") -> Tool:
 
     async def exec_(ctx: TurnContext, command: str,
                     timeout: float | None = None) -> str:  # noqa: ASYNC109 (the model's)
-        """Run a shell command in the workspace folder and return its output and exit code.
-        stdin is closed, so interactive programs cannot wait for input; background processes
-        are stopped when the command ends. Destructive commands are refused.
+        """Run a shell command (/bin/sh) in the workspace; returns output and exit code. No
+        stdin; background processes end with it; destructive commands are refused.
 
         Args:
-            command: the shell command line (run by /bin/sh).
-            timeout: seconds before the command is killed (capped by the configured limit).
+            command: the command line.
+            timeout: seconds before it is killed (capped).
         """
         config = ctx.tools.exec
         if not command.strip():

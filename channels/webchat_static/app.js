@@ -1,14 +1,20 @@
-// Parley WebChat: history over HTTP, live messages over a WebSocket, no dependencies.
+// Parley WebChat: history over HTTP, live messages over a WebSocket; markdown-it (vendored in
+// vendor/, MIT) parses markdown, nothing is fetched from elsewhere.
 // Safety rule: text from a user or the model only ever reaches the page through textContent or
 // createTextNode; never innerHTML.
 "use strict";
 
 (() => {
-  // --- a small, safe markdown renderer -----------------------------------------------------
+  // --- markdown: markdown-it (vendor/, MIT) parses, this builds the DOM -------------------
+  // markdown-it parses CommonMark with GFM tables and strikethrough; raw HTML is off (shown as
+  // text) and bare URLs are linked. Its HTML output is never used: render() walks the token
+  // stream and builds elements from a fixed list of tags with createElement/createTextNode, so
+  // nothing in a message can become markup, and every link goes through safeUrl (http/https
+  // only). render(text) is pure: call it again on text that grew (streaming) and swap nodes.
 
-  const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)\s*$/;
-  const LIST = /^( *)([-*+]|\d{1,9}[.)])[ \t]+(.*)$/;
-  const MAX_DEPTH = 6;
+  const TAGS = new Set(["p", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "ul", "ol",
+    "li", "table", "thead", "tbody", "tr", "th", "td", "strong", "em", "s", "code", "pre",
+    "hr", "br"]);
 
   function el(tag, className) {
     const node = document.createElement(tag);
@@ -34,228 +40,95 @@
     return a;
   }
 
-  const isWord = (ch) => ch !== undefined && /[\p{L}\p{N}]/u.test(ch);
-  const isSpace = (ch) => ch === undefined || /\s/.test(ch);
+  const markdown = window.markdownit ?
+    window.markdownit("default", { html: false, linkify: true, breaks: true, typographer: false }) :
+    null;
 
-  // Inline markup: `code`, **bold**, __bold__, *italic*, _italic_, [text](http…), bare http(s)
-  // links and backslash escapes. Anything else, HTML included, stays text.
-  function inline(text, parent, depth) {
-    let buf = "";
-    const noClose = new Set(); // delimiters with no closing match left: never search again
-    const flush = () => {
-      if (buf) parent.appendChild(document.createTextNode(buf));
-      buf = "";
-    };
-    const put = (node, inner) => {
-      flush();
-      if (inner !== undefined) {
-        if (depth < MAX_DEPTH) inline(inner, node, depth + 1);
-        else node.textContent = inner;
-      }
-      parent.appendChild(node);
-    };
-    let i = 0;
-    while (i < text.length) {
-      const c = text[i];
-      if (c === "\\" && i + 1 < text.length && /[\\`*_[\]()#+\-.!~>|]/.test(text[i + 1])) {
-        buf += text[i + 1];
-        i += 2;
-        continue;
-      }
-      if (c === "`") {
-        let n = 1;
-        while (text[i + n] === "`") n++;
-        const ticks = "`".repeat(n);
-        const end = noClose.has(ticks) ? -1 : text.indexOf(ticks, i + n);
-        if (end > i + n - 1 && text[end + n] !== "`") {
-          let inner = text.slice(i + n, end);
-          if (/^ .* $/.test(inner) && inner.trim()) inner = inner.slice(1, -1);
-          const code = el("code");
-          code.textContent = inner;
-          put(code);
-          i = end + n;
-          continue;
-        }
-        if (end < 0) noClose.add(ticks);
-        buf += ticks;
-        i += n;
-        continue;
-      }
-      if ((c === "*" || c === "_") && text[i + 1] === c && !isSpace(text[i + 2]) &&
-          !(c === "_" && isWord(text[i - 1]))) {
-        const pair = c + c;
-        let end = noClose.has(pair) ? -1 : text.indexOf(pair, i + 2);
-        while (end > 0 && isSpace(text[end - 1])) end = text.indexOf(pair, end + 1);
-        if (end > i + 2 && !(c === "_" && isWord(text[end + 2]))) {
-          put(el("strong"), text.slice(i + 2, end));
-          i = end + 2;
-          continue;
-        }
-        if (end < 0) noClose.add(pair);
-      }
-      // Single-character emphasis never starts or ends inside a word: 2*3*4, snake_case.
-      if ((c === "*" || c === "_") && text[i + 1] !== c && !isSpace(text[i + 1]) &&
-          !isWord(text[i - 1])) {
-        let end = noClose.has(c) ? -1 : i;
-        for (;;) {
-          if (end < 0) break;
-          end = text.indexOf(c, end + 1);
-          if (end < 0) break;
-          const ok = !isSpace(text[end - 1]) && text[end + 1] !== c && text[end - 1] !== c &&
-            !isWord(text[end + 1]);
-          if (ok) break;
-        }
-        if (end > i + 1) {
-          put(el("em"), text.slice(i + 1, end));
-          i = end + 1;
-          continue;
-        }
-        if (end < 0) noClose.add(c);
-      }
-      if (c === "[") {
-        const m = /\[([^\]\n]{1,1000})\]\(\s*<?([^\s()<>]+)>?\s*\)/y;
-        m.lastIndex = i;
-        const found = m.exec(text);
-        const href = found && safeUrl(found[2]);
-        if (href) {
-          put(link(href), found[1]);
-          i = m.lastIndex;
-          continue;
-        }
-      }
-      if ((c === "h" || c === "H") && !isWord(text[i - 1])) {
-        const m = /https?:\/\/[^\s<>"'`]+/iy;
-        m.lastIndex = i;
-        const found = m.exec(text);
-        if (found) {
-          let url = found[0].replace(/[.,;:!?*_]+$/, "");
-          if (url.endsWith(")") && !url.includes("(")) url = url.slice(0, -1);
-          const href = safeUrl(url);
-          if (href) {
-            const a = link(href);
-            a.textContent = url;
-            put(a);
-            i += url.length;
-            continue;
-          }
-        }
-      }
-      buf += c;
-      i++;
+  function openNode(token) {
+    if (token.type === "link_open") {
+      const href = safeUrl(token.attrGet("href") || "");
+      return href ? link(href) : el("span");
     }
-    flush();
-  }
-
-  function paragraph(lines, depth) {
-    const p = el("p");
-    lines.forEach((line, k) => {
-      if (k) p.appendChild(el("br"));
-      inline(line.trim(), p, depth);
-    });
-    return p;
-  }
-
-  function listItem(lines, depth) {
-    const li = el("li");
-    const content = render(lines.join("\n"), depth + 1);
-    const only = content.childNodes.length === 1 ? content.firstChild : null;
-    if (only && only.nodeName === "P") {
-      while (only.firstChild) li.appendChild(only.firstChild); // a tight item: no <p>
-    } else {
-      li.appendChild(content);
+    const node = el(TAGS.has(token.tag) ? token.tag : "span");
+    if (token.tag === "ol") {
+      const start = parseInt(token.attrGet("start") || "1", 10);
+      if (start !== 1 && Number.isFinite(start)) node.start = start;
     }
-    return li;
+    const align = /text-align:(left|center|right)/.exec(token.attrGet("style") || "");
+    if (align) node.className = `align-${align[1]}`;
+    return node;
   }
 
-  function list(lines, start, depth) {
-    const first = LIST.exec(lines[start]);
-    const indent = first[1].length;
-    const ordered = /\d/.test(first[2]);
-    const node = el(ordered ? "ol" : "ul");
-    if (ordered && parseInt(first[2], 10) !== 1) node.start = parseInt(first[2], 10);
-    const sameList = (m) => m && m[1].length <= indent + 1 && /\d/.test(m[2]) === ordered;
-    let item = null;
-    let offset = 0;
-    let i = start;
-    const done = () => {
-      if (item) node.appendChild(listItem(item, depth));
-    };
-    while (i < lines.length) {
-      const line = lines[i];
-      const m = LIST.exec(line);
-      if (sameList(m)) {
-        done();
-        item = [m[3]];
-        offset = m[1].length + m[2].length + 1;
-        i++;
-        continue;
+  function leaf(token, parent) {
+    switch (token.type) {
+      case "text":
+        parent.appendChild(document.createTextNode(token.content));
+        break;
+      case "code_inline": {
+        const code = el("code");
+        code.textContent = token.content;
+        parent.appendChild(code);
+        break;
       }
-      const lead = line.length - line.trimStart().length;
-      if (line.trim() && lead > indent) { // continuation or nested content of the item
-        item.push(line.slice(Math.min(lead, offset)));
-        i++;
-        continue;
-      }
-      if (!line.trim()) { // a blank line ends the list unless the list goes on after it
-        let j = i + 1;
-        while (j < lines.length && !lines[j].trim()) j++;
-        const next = lines[j];
-        if (next !== undefined && (sameList(LIST.exec(next)) ||
-            next.length - next.trimStart().length > indent)) {
-          item.push("");
-          i = j;
-          continue;
-        }
-      }
-      break;
-    }
-    done();
-    return [node, i];
-  }
-
-  function render(src, depth = 0) {
-    const frag = document.createDocumentFragment();
-    const lines = String(src).replace(/\r\n?/g, "\n").split("\n");
-    let i = 0;
-    while (i < lines.length) {
-      const line = lines[i];
-      const fence = FENCE.exec(line);
-      if (fence) {
-        const marker = fence[1];
-        const body = [];
-        i++;
-        while (i < lines.length && !(lines[i].trim().startsWith(marker) &&
-               /^(`+|~+)$/.test(lines[i].trim()))) {
-          body.push(lines[i]);
-          i++;
-        }
-        i++;
+      case "softbreak":
+      case "hardbreak":
+        parent.appendChild(el("br"));
+        break;
+      case "fence":
+      case "code_block": {
         const pre = el("pre");
         const code = el("code");
-        if (fence[2]) code.dataset.lang = fence[2];
-        code.textContent = body.join("\n");
+        const lang = (token.info || "").trim().split(/\s+/)[0];
+        if (/^[\w+#.-]{1,30}$/.test(lang)) code.dataset.lang = lang;
+        code.textContent = token.content.replace(/\n$/, "");
         pre.appendChild(code);
-        frag.appendChild(pre);
-        continue;
+        parent.appendChild(pre);
+        break;
       }
-      if (!line.trim()) {
-        i++;
-        continue;
+      case "hr":
+        parent.appendChild(el("hr"));
+        break;
+      case "image": { // never loaded from elsewhere: a link to it, named by its alt text
+        const href = safeUrl(token.attrGet("src") || "");
+        const node = href ? link(href) : el("span");
+        node.textContent = token.content || href || "";
+        parent.appendChild(node);
+        break;
       }
-      if (LIST.test(line) && depth < MAX_DEPTH) {
-        const [node, next] = list(lines, i, depth);
-        frag.appendChild(node);
-        i = next;
-        continue;
-      }
-      const para = [];
-      while (i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) &&
-             !(para.length && LIST.test(lines[i]) && depth < MAX_DEPTH)) {
-        para.push(lines[i]);
-        i++;
-      }
-      frag.appendChild(paragraph(para, depth));
+      default:
+        if (token.content) parent.appendChild(document.createTextNode(token.content));
     }
+  }
+
+  function build(tokens, root) {
+    const stack = [root];
+    for (const token of tokens) {
+      const parent = stack[stack.length - 1];
+      if (token.type === "inline") {
+        build(token.children || [], parent);
+      } else if (token.hidden) { // the <p> of a tight list item: its text goes in the <li>
+        continue;
+      } else if (token.nesting === 1) {
+        const node = openNode(token);
+        parent.appendChild(node);
+        stack.push(node);
+      } else if (token.nesting === -1) {
+        if (stack.length > 1) stack.pop();
+      } else {
+        leaf(token, parent);
+      }
+    }
+  }
+
+  function render(text) {
+    const frag = document.createDocumentFragment();
+    if (!markdown) { // the library failed to load: plain text, never markup
+      const plain = el("div", "plain");
+      plain.textContent = String(text);
+      frag.appendChild(plain);
+      return frag;
+    }
+    build(markdown.parse(String(text), {}), frag);
     return frag;
   }
 
@@ -270,7 +143,8 @@
     send: $("send"), file: $("file"), error: $("composer-error"), attachment: $("attachment"),
     preview: $("attachment-preview"), attachmentName: $("attachment-name"),
     removeAttachment: $("attachment-remove"), auth: $("auth"), token: $("token"),
-    authError: $("auth-error"),
+    authError: $("auth-error"), chats: $("chats"), chatList: $("chat-list"),
+    chatsEmpty: $("chats-empty"), chatsToggle: $("chats-toggle"),
   };
   const KEY = "parley.webchat.";
   const storage = {
@@ -299,6 +173,7 @@
 
   const state = {
     chatId: storage.get("chat_id"),
+    profile: storage.get("profile"), // this browser: its conversations are listed together
     token: storage.get("token"),
     info: null,
     lastSeq: 0,
@@ -313,14 +188,23 @@
     attachment: null,
     authWaiters: [],
   };
-  if (!state.chatId || !/^[A-Za-z0-9_-]{8,64}$/.test(state.chatId)) {
+  const ID = /^[A-Za-z0-9_-]{8,64}$/;
+  if (!state.chatId || !ID.test(state.chatId)) {
     state.chatId = randomId();
     storage.set("chat_id", state.chatId);
   }
-  try {
-    state.outbox = JSON.parse(storage.get(`outbox.${state.chatId}`) || "[]");
-  } catch {
-    state.outbox = [];
+  if (!state.profile || !ID.test(state.profile)) {
+    state.profile = randomId();
+    storage.set("profile", state.profile);
+  }
+  state.outbox = loadOutbox();
+
+  function loadOutbox() {
+    try {
+      return JSON.parse(storage.get(`outbox.${state.chatId}`) || "[]");
+    } catch {
+      return [];
+    }
   }
 
   function saveOutbox() {
@@ -599,6 +483,7 @@
       }
     };
     ws.onmessage = (event) => {
+      if (state.ws !== ws) return; // a socket of the conversation we switched away from
       let frame;
       try {
         frame = JSON.parse(event.data);
@@ -644,12 +529,49 @@
     for (const queued of state.outbox) transmit(queued);
   }
 
+  // Live replies (channels.webchat.streaming): a reply shown while it is written, one node
+  // per stream, re-rendered from the whole text so far; the final message replaces it.
+  const partials = new Map();
+
+  function showPartial(frame) {
+    let node = partials.get(frame.stream);
+    if (!node) {
+      node = messageNode({ role: "assistant", kind: "partial", text: "", created_at: null });
+      node.setAttribute("aria-busy", "true");
+      partials.set(frame.stream, node);
+      place(node, null);
+    }
+    const stick = nearBottom();
+    node.querySelector(".body").replaceChildren(render(frame.text));
+    scrollDown(stick);
+  }
+
+  function dropPartials() { // (re)connected: what was missed comes back as whole messages
+    partials.forEach((node) => node.remove());
+    partials.clear();
+  }
+
+  function endPartial(stream) {
+    const node = stream && partials.get(stream);
+    if (!node) return;
+    node.remove();
+    partials.delete(stream);
+  }
+
   function onFrame(ws, frame) {
     switch (frame.type) {
+      case "partial":
+        showPartial(frame);
+        break;
+      case "partial_end":
+        endPartial(frame.stream);
+        break;
       case "ready":
+        dropPartials();
         onReady(ws, frame);
         break;
       case "message":
+        endPartial(frame.stream);
         show(frame.message);
         break;
       case "ack":
@@ -794,13 +716,105 @@
     return submit("", false, { data_base64: url.slice(url.indexOf(",") + 1), mime: blob.type });
   };
   window.parleyComposerError = composerError;
-  ui.newButton.addEventListener("click", () => submit("/new", false));
+  ui.newButton.addEventListener("click", () => switchChat(randomId()));
+  ui.chatsToggle.addEventListener("click", () => showChats(ui.chats.hidden));
   ui.earlier.addEventListener("click", () => {
     loadEarlier().catch((err) => systemError(`Could not load earlier messages: ${err.message}`));
   });
   window.addEventListener("online", () => {
     if (!state.ws) connect();
   });
+
+  // --- conversations: this browser's chats (webchat_chats), listed and reopened ------------
+
+  async function postJSON(path, body) {
+    const response = await fetch(new URL(path, location.href), {
+      method: "POST", cache: "no-store", body: JSON.stringify(body),
+      headers: { ...authHeaders(), "Content-Type": "application/json" } });
+    if (response.status === 401) throw new AuthError("token");
+    const data = await response.json();
+    if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+    return data;
+  }
+
+  function registerChat() {
+    return withAuth(() => postJSON("/api/conversations",
+      { profile: state.profile, chat_id: state.chatId }));
+  }
+
+  function formatWhen(iso) {
+    const date = new Date(iso);
+    return Number.isNaN(date.getTime()) ? "" : date.toLocaleString([], {
+      month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  }
+
+  function chatItem(chat) {
+    const li = el("li");
+    const button = el("button", "chat-item");
+    button.type = "button";
+    button.dataset.chatId = chat.chat_id;
+    if (chat.chat_id === state.chatId) {
+      button.classList.add("current");
+      button.setAttribute("aria-current", "true");
+    }
+    const title = el("span", "chat-title");
+    title.textContent = chat.title || "(an image)";
+    const when = el("span", "chat-time");
+    when.textContent = formatWhen(chat.updated_at);
+    button.append(title, when);
+    button.addEventListener("click", () => {
+      showChats(false);
+      switchChat(chat.chat_id);
+    });
+    li.appendChild(button);
+    return li;
+  }
+
+  async function refreshChats() {
+    const data = await withAuth(() => getJSON("/api/conversations", { profile: state.profile }));
+    ui.chatList.replaceChildren(...data.conversations.map(chatItem));
+    ui.chatsEmpty.hidden = data.conversations.length > 0;
+  }
+
+  function showChats(open) {
+    ui.chats.hidden = !open;
+    ui.chatsToggle.setAttribute("aria-expanded", String(open));
+    if (open) {
+      refreshChats().catch((err) => systemError(`Could not list the conversations: ${err.message}`));
+    }
+  }
+
+  // Another conversation on screen: its history, its unsent messages, its own socket.
+  async function switchChat(chatId) {
+    if (chatId === state.chatId) return;
+    const old = state.ws;
+    state.ws = null;
+    state.ready = false;
+    state.retries = 0;
+    clearTimeout(state.timer);
+    if (old) old.close();
+    state.chatId = chatId;
+    storage.set("chat_id", chatId);
+    state.outbox = loadOutbox();
+    state.bySeq = new Map();
+    state.byMessageId = new Map();
+    state.lastSeq = 0;
+    state.firstSeq = null;
+    for (const node of Array.from(ui.log.children)) if (node !== ui.earlier) node.remove();
+    ui.earlier.hidden = true;
+    setWorking(false);
+    composerError("");
+    try {
+      await registerChat();
+      await loadLatest();
+    } catch (err) {
+      systemError(`Could not open the conversation: ${err.message}`);
+    }
+    if (state.chatId !== chatId) return; // switched again meanwhile
+    for (const frame of state.outbox) showPending(frame);
+    connect();
+    ui.text.focus();
+  }
 
   // --- start ------------------------------------------------------------------------------
 
@@ -809,6 +823,7 @@
       try {
         state.info = await getJSON("/api/info");
         if (state.info.token_required && !state.token) await askToken("");
+        await registerChat();
         await loadLatest();
         break;
       } catch (err) {

@@ -3,8 +3,9 @@
 Bounded on purpose: a channel that produces faster than the agent consumes waits in
 ``publish_inbound`` (back-pressure) instead of growing memory without limit. With a store
 attached the bus is durable: an inbound message is in the inbox before ``publish_inbound``
-returns (so a channel acknowledges it to its platform only once it is safe), a repeated channel
-message is ignored, and an outbound message is in the outbox before it is queued for sending.
+returns (so a channel acknowledges it to its platform only once it is safe; ``NotStored`` when it
+could not be, and then nothing is queued), a repeated channel message is ignored, and an
+outbound message is in the outbox before it is queued for sending.
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from gateway.kernel.events import ChatActivity, InboundMessage, OutboundMessage, utcnow
+from gateway.kernel.events import (
+    ChatActivity,
+    InboundMessage,
+    MessageStage,
+    OutboundMessage,
+    utcnow,
+)
+from gateway.kernel.streams import ReplyStream
 
 if TYPE_CHECKING:
     from gateway.kernel.store import Store
@@ -23,8 +31,26 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+E = TypeVar("E")
+
+
+def _tell(listeners: list[Callable[[E], None]], event: E, what: str) -> None:
+    """Each listener hears ``event``; one that raises is logged and the others still hear."""
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:
+            _log.exception("%s listener failed", what)
+
+
 class BusClosed(Exception):
     """Raised to a publisher once the bus stopped taking input."""
+
+
+class NotStored(Exception):
+    """Raised to a publisher when the inbox could not store its message (the database file is
+    gone, read-only, the disk full): nothing was queued, and the channel must not acknowledge
+    the message to its platform, which keeps it (or its sender retries)."""
 
 
 class MessageBus:
@@ -33,6 +59,8 @@ class MessageBus:
         self._outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(maxsize)
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
+        self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
+        self._stages: list[Callable[[MessageStage], None]] = []
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
         self.last_inbound: dict[str, datetime] = {}
@@ -51,11 +79,24 @@ class MessageBus:
 
     def activity(self, event: ChatActivity) -> None:
         """Tell listeners (the channels' typing indicators) a chat's turn started or ended."""
-        for listener in self._activity:
-            try:
-                listener(event)
-            except Exception:
-                _log.exception("activity listener failed")
+        _tell(self._activity, event, "activity")
+
+    def on_stage(self, listener: Callable[[MessageStage], None]) -> None:
+        self._stages.append(listener)
+
+    def stage(self, event: MessageStage) -> None:
+        """Tell listeners (the channels' reactions) where a person's message is."""
+        _tell(self._stages, event, "stage")
+
+    def on_stream(self, opener: Callable[[OutboundMessage], ReplyStream | None]) -> None:
+        """Who shows replies while they are written (the root's ``StreamDesk``)."""
+        self._stream_opener = opener
+
+    def open_stream(self, target: OutboundMessage) -> ReplyStream | None:
+        """A live view of the reply to ``target`` (its chat and ``stream`` key), or None
+        when its channel shows nothing live: the turn then streams nothing at all."""
+        opener = self._stream_opener
+        return opener(target) if opener is not None else None
 
     @property
     def closed(self) -> bool:
@@ -69,7 +110,7 @@ class MessageBus:
         """Store and queue ``msg``; False (and nothing queued) for a duplicate."""
         if self._closed:
             raise BusClosed("the gateway is shutting down")
-        if self._store is not None and not await self._store.inbox_add(msg):
+        if self._store is not None and not await self._stored(msg):
             self.duplicates += 1
             _log.info("ignored a repeat of %s message %s in chat %s", msg.channel,
                       msg.message_id, msg.chat_id)
@@ -83,6 +124,15 @@ class MessageBus:
         """Queue a stored message for the agent (on PostgreSQL: one this process claimed)."""
         self.last_inbound[msg.channel] = utcnow()
         await self._inbound.put(msg)
+
+    async def _stored(self, msg: InboundMessage) -> bool:
+        assert self._store is not None
+        try:
+            return await self._store.inbox_add(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise NotStored(f"the message could not be stored: {exc}") from exc
 
     async def consume_inbound(self) -> InboundMessage:
         return await self._inbound.get()

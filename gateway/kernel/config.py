@@ -41,9 +41,11 @@ from gateway.kernel.config_channels import (
     DeliveryConfig,
     DiscordChannelConfig,
     LocalChannelConfig,
+    StreamingConfig,
     TelegramChannelConfig,
     TerminalChannelConfig,
     WebchatChannelConfig,
+    check_plugin_sections,
 )
 from gateway.kernel.config_fields import (
     Duration,
@@ -58,6 +60,7 @@ from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfi
 from gateway.kernel.store_sql import hide_password, is_postgres_url
 
 __all__ = [
+    "StreamingConfig",
     "DEFAULT_CONFIG_PATH", "SECRETS_FILE", "AgentConfig", "ChannelsConfig", "ChatTrustConfig",
     "CompactionConfig", "Config", "ConfigError", "ContextConfig", "CronConfig",
     "CronToolConfig", "DeliveryConfig", "DiscordChannelConfig", "Duration", "ExecSandboxConfig",
@@ -217,6 +220,9 @@ def parse_config(data: Any, *, source: str = "<config>", env: dict[str, str] | N
             reason = reason.removeprefix("Value error, ")
             errors.append((_format_loc(err["loc"]), reason))
         raise ConfigError(source, errors) from None
+    errors = check_plugin_sections(config.channels)  # plugin channels' own config models
+    if errors:
+        raise ConfigError(source, errors)
     config._source = path
     return config
 

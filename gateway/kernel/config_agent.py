@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ByteSize, Field, field_validator, model_validator
 
@@ -21,7 +21,7 @@ from gateway.kernel.config_fields import (
     check_target,
 )
 from gateway.kernel.config_media import MediaConfig
-from gateway.kernel.config_trust import TrustConfig
+from gateway.kernel.config_trust import TrustConfig, check_tool_names
 from gateway.kernel.config_usage import (
     ChatDefaults,
     LimitsConfig,
@@ -33,21 +33,80 @@ from gateway.kernel.config_usage import (
 
 class CompactionConfig(Section):
     enabled: bool = True
+    compact_at_share: float = Field(0.9, gt=0, le=1)
+    """Compact when the history since the last compaction passes this share of its token
+    budget (the window less the reply reserve and the fixed part of a request)."""
     keep_recent_share: float = Field(0.3, gt=0, lt=1)
-    """Share of the history budget kept word for word after a compaction."""
+    """Share of the history budget kept word for word after a compaction ..."""
+    keep_recent_max_tokens: int = Field(8000, gt=0)
+    """... but at most this many tokens: a large window then compacts rarely (about once
+    per ``compact_at_share`` × budget − this much new history)."""
     memory_flush: bool = True
+    memory_flush_at_share: float = Field(0.75, gt=0, le=1)
+    """The memory flush (the agent saves lasting facts) runs once per compaction cycle, when
+    the history passes this share of its budget: before the compaction is due."""
     timeout: Duration = 60.0
     summary_max_tokens: int = Field(800, gt=50)
+    """A summary's cap; a small window caps it lower (a fifth of the history budget)."""
+
+    @model_validator(mode="after")
+    def _flush_before_compaction(self) -> CompactionConfig:
+        if self.memory_flush_at_share > self.compact_at_share:
+            raise ValueError(f"memory_flush_at_share ({self.memory_flush_at_share}) must not "
+                             f"be above compact_at_share ({self.compact_at_share})")
+        if self.keep_recent_share >= self.compact_at_share:
+            raise ValueError(f"keep_recent_share ({self.keep_recent_share}) must be below "
+                             f"compact_at_share ({self.compact_at_share})")
+        return self
+
+
+class BootstrapConfig(Section):
+    """More workspace files in the system prompt (``agent.context.bootstrap``)."""
+
+    extra_files: list[str] = Field(default_factory=list)
+    """Workspace-relative paths, after TOOLS.md, within the same size limits; they reach
+    every sender's prompt (like AGENTS.md), so keep private notes out of them."""
+
+    @field_validator("extra_files")
+    @classmethod
+    def _relative(cls, paths: list[str]) -> list[str]:
+        for i, path in enumerate(paths):
+            if not path.strip() or Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"[{i}] {path!r} must be a path inside the workspace, "
+                                 "relative to it (no '..')")
+        return paths
+
+
+class SkillsConfig(Section):
+    """Where skills come from besides the built-in ones and the workspace's ``skills/``."""
+
+    folders: list[Path] = Field(default_factory=list)
+    """More skill folders; a later one overrides an earlier one's skill of the same name."""
+    user_folder: Path | None = Path("~/.parley/skills")
+    """Your own skills for every workspace; over ``folders``, under the workspace's."""
+
+    @field_validator("folders", "user_folder")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [p.expanduser() for p in value]
+        return value.expanduser() if value is not None else None
 
 
 class ContextConfig(Section):
     max_context_tokens: int | None = Field(
         None, gt=0, description="None: the model's window from litellm, else 32,000")
-    max_recent_messages: int = Field(50, gt=0)
+    max_recent_messages: int = Field(1000, gt=0)
+    """At most this many stored messages are read for a request (a cap on the rows a turn
+    reads); more than that makes the session due for compaction. Compaction itself follows
+    the history's tokens (``compaction.compact_at_share``)."""
     max_tool_snippet_tokens: int = Field(2000, gt=0)
-    reply_reserve_tokens: int = Field(4096, ge=0)
+    reply_reserve_tokens: int | None = Field(None, ge=0)
+    """Tokens kept free for the reply. None: scaled with the window (an eighth of it, at
+    least 256, at most ``agent.max_tokens``)."""
     bootstrap_max_chars: int = Field(20_000, gt=100)
     bootstrap_total_max_chars: int = Field(150_000, gt=100)
+    bootstrap: BootstrapConfig = BootstrapConfig()
     compaction: CompactionConfig = CompactionConfig()
 
 
@@ -170,14 +229,34 @@ class SpawnToolConfig(Section):
     timeout: Duration = 300.0
 
 
+CORE_TOOLS = ("read_file", "write_file", "edit_file", "list_dir", "exec", "memory",
+              "web_fetch", "web_search")
+
+
+class SessionSearchConfig(Section):
+    """``session_search`` (``agent/tools/session_search.py``): this chat's past messages."""
+
+    enabled: bool = True
+
+
 class ToolsConfig(Section):
+    core: list[str] = Field(default_factory=lambda: list(CORE_TOOLS))
+    """Tools offered in full on every request (names, shell-style patterns; ``["*"]``: all).
+    The others a sender may use are named in one line (``load_tools``) and offered once the
+    model loads them, or when the conversation used them lately."""
     files: FileToolsConfig = FileToolsConfig()
     exec: ExecToolConfig = ExecToolConfig()
     message: MessageToolConfig = MessageToolConfig()
     cron: CronToolConfig = CronToolConfig()
     web: WebToolsConfig = WebToolsConfig()
     spawn: SpawnToolConfig = SpawnToolConfig()
+    session_search: SessionSearchConfig = SessionSearchConfig()
     max_result_chars: int = Field(16_000, gt=100)
+
+    @field_validator("core")
+    @classmethod
+    def _core_names(cls, names: list[str]) -> list[str]:
+        return check_tool_names(names)
 
 
 class MCPServerConfig(Section):
@@ -267,7 +346,11 @@ class AgentConfig(Section):
     queue_mode: Literal["collect", "followup", "steer"] = "collect"
     queue_cap: int = Field(20, ge=2)
     shutdown_grace: Duration = 10.0
+    degraded_after_failures: int = Field(3, ge=1)
+    """Model calls failing in a row (after retries and fallbacks) before health says
+    ``degraded``."""
     context: ContextConfig = ContextConfig()
+    skills: SkillsConfig = SkillsConfig()
     tools: ToolsConfig = ToolsConfig()
     memory: MemoryConfig = MemoryConfig()
     mcp: MCPConfig = MCPConfig()

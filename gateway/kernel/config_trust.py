@@ -18,12 +18,12 @@ from pydantic import Field, field_validator
 from gateway.kernel.config_fields import Section
 
 GUEST_TOOLS = ("read_file", "list_dir", "web_fetch", "web_search", "message")
-MEMBER_TOOLS = (*GUEST_TOOLS, "memory")
+MEMBER_TOOLS = (*GUEST_TOOLS, "memory", "session_search")
 OWNER_TOOLS = ("*",)
 _TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_*?-]{1,64}$")
 
 
-def _check_tools(names: list[str]) -> list[str]:
+def check_tool_names(names: list[str]) -> list[str]:
     for i, name in enumerate(names):
         if not _TOOL_PATTERN.match(name):
             raise ValueError(f"[{i}] {name!r} is not a tool name or pattern (letters, digits, "
@@ -38,7 +38,7 @@ class LevelConfig(Section):
     @field_validator("tools")
     @classmethod
     def _names(cls, names: list[str]) -> list[str]:
-        return _check_tools(names)
+        return check_tool_names(names)
 
 
 class ChatTrustConfig(Section):

@@ -167,6 +167,9 @@ class OutboundMessage:
     turn_id: str | None = None
     idempotency_key: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+    stream: str | None = None
+    """The key of the reply stream (``gateway/kernel/streams.py``) that showed this answer
+    while it was written: delivering it edits or replaces what the stream showed."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutboundMessage:
@@ -181,3 +184,19 @@ class ChatActivity:
     chat_id: str
     thread_id: str | None = None
     busy: bool = True
+
+
+Stage = Literal["taken", "queued", "done", "failed"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageStage:
+    """Where a person's message is, for acknowledgement reactions: ``taken`` by a turn (the
+    model is about to be asked), ``queued`` behind a busy turn, answered (``done``) or not
+    (``failed``)."""
+
+    channel: str
+    chat_id: str
+    message_id: str
+    stage: Stage
+    thread_id: str | None = None

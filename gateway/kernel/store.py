@@ -19,6 +19,7 @@ from typing import Self, cast
 
 from gateway.kernel.store_db import SCHEMA_VERSION
 from gateway.kernel.store_queues import PendingOutbound, QueueTables
+from gateway.kernel.store_search import SearchHit, SearchTables
 from gateway.kernel.store_sessions import (
     Compaction,
     LLMCallRecord,
@@ -35,11 +36,12 @@ from gateway.kernel.store_usage import UsageRow, UsageTables
 
 __all__ = [
     "SCHEMA_VERSION", "Compaction", "LLMCallRecord", "NewMessage", "PendingOutbound",
+    "SearchHit",
     "SessionRow", "Store", "StoredMessage", "UsageRow", "UsageTags", "content_text",
 ]
 
 
-class Store(SessionTables, QueueTables, SnapshotTables, UsageTables):
+class Store(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTables):
     """The database: open with ``await Store.open(path)``, close once with ``close()``.
     A ``postgresql://`` URL instead of a path opens it on PostgreSQL (``store_pg``)."""
 
@@ -49,4 +51,11 @@ class Store(SessionTables, QueueTables, SnapshotTables, UsageTables):
             from gateway.kernel.store_pg import PgStore  # psycopg only where it is used
 
             return cast(Self, await PgStore.connect(str(path)))
-        return await super().open(Path(path))
+        store = await super().open(Path(path))
+        try:
+            await store.ensure_search()
+            await store.backfill_search()
+        except BaseException:
+            await store.close()
+            raise
+        return store

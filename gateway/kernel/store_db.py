@@ -1,6 +1,10 @@
 """The connection under the ``Store``: the schema, opening (WAL, pragmas), closing and the
 two ways to write — ``transaction()`` and the one-hop ``_write()`` — plus reads for other modules'
 tables.
+Every write first checks that the file is still the one opened (``check_file``): a data folder
+deleted while the gateway runs would otherwise leave SQLite writing into an unlinked file, every
+write "succeeding" and all of it lost at the next start. A write that cannot land raises
+``StoreUnavailable``, and ``problem`` says why until a write lands again.
 
 Separate from the tables' methods (``store_sessions``, ``store_queues``,
 ``store_snapshots``) so the locking and transaction rules, which every write depends on, read
@@ -11,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -25,6 +30,14 @@ from gateway.kernel.store_schema import CORE, SCHEMA, SCHEMA_VERSION, VERSIONS, 
 from gateway.kernel.store_sql import TableSet
 
 T = TypeVar("T")
+
+_LOST = ("disk i/o error", "readonly database", "database or disk is full", "unable to open",
+         "no such table", "file is not a database")
+"""SQLite errors that mean the file cannot take writes, not that a statement was wrong."""
+
+
+class StoreUnavailable(Exception):
+    """Nothing can be stored: the database file is gone, replaced, read-only or the disk full."""
 
 
 def iso(ts: datetime | None = None) -> str:
@@ -53,10 +66,10 @@ class Database:
     lock, so two concurrent turns never interleave statements in one transaction."""
 
     dialect = "sqlite"
+    """``sqlite`` or ``postgresql`` (``store_pg``): the few places that differ ask."""
     claims_inbound = False
     """True on PostgreSQL: a stored inbound message is queued by the process that claims it
     (several processes), not by the one that stored it."""
-    """``sqlite`` or ``postgresql`` (``store_pg``): the few places that differ ask."""
     target: str
     """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""
 
@@ -66,6 +79,10 @@ class Database:
         self.target = str(path)
         self._write_lock = asyncio.Lock()
         self._closed = False
+        info = os.stat(path)
+        self._identity = (info.st_dev, info.st_ino)
+        self.problem: str | None = None
+        """Why the last write could not land (None once one did)."""
 
     @classmethod
     async def open(cls, path: Path) -> Self:
@@ -120,25 +137,75 @@ class Database:
             async with self._write_lock:
                 await self._db.close()
 
+    def check_file(self) -> str | None:
+        """Why the database file can take no writes (gone, replaced, read-only), or None.
+        One ``stat``: cheap enough for every write and every health check."""
+        where = f"database {self.path}"
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return (f"{where} is gone (deleted or moved while the gateway ran); messages are "
+                    "refused until it is restored and the gateway restarted")
+        except OSError as exc:
+            return f"{where}: {exc.strerror or exc}"
+        if (info.st_dev, info.st_ino) != self._identity:
+            return f"{where} was replaced while the gateway ran; restart the gateway"
+        if not os.access(self.path, os.W_OK):
+            return f"{where} is not writable; give the gateway's user write access"
+        return None
+
+    def _fail(self, problem: str) -> StoreUnavailable:
+        self.problem = problem
+        return StoreUnavailable(problem)
+
+    def _check_writable(self) -> None:
+        if (problem := self.check_file()) is not None:
+            raise self._fail(problem)
+
+    @contextmanager
+    def _mapped(self) -> Iterator[None]:
+        """An SQLite error that means the file takes no writes → ``StoreUnavailable``."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if any(mark in str(exc).lower() for mark in _LOST):
+                raise self._fail(f"database {self.path}: {exc}") from exc
+            raise
+
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` as one transaction on the database thread: one thread hop for the whole
         transaction instead of one per statement (the hot path's writes; see bench/).
         Uses aiosqlite's ``_execute``/``_conn`` (the version is pinned)."""
         async with self._write_lock:
-            return await self._db._execute(_in_transaction, self._db._conn, fn)
+            self._check_writable()
+            with self._mapped():
+                result = await self._db._execute(_in_transaction, self._db._conn, fn)
+            self.problem = None
+            return result
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """One write transaction; everything in it lands or nothing does."""
         async with self._write_lock:
-            await self._db.execute("BEGIN IMMEDIATE")
+            self._check_writable()
+            with self._mapped():
+                await self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                await self._db.execute("ROLLBACK")
+                with suppress(sqlite3.Error):  # never hide why (a cancel must stay a cancel)
+                    await self._db.execute("ROLLBACK")
                 raise
-            else:
-                await self._db.execute("COMMIT")
+            # A cancel while COMMIT runs leaves it running on the database thread: no ROLLBACK
+            # then. A COMMIT that failed (disk full) is rolled back, and said.
+            try:
+                with self._mapped():
+                    await self._db.execute("COMMIT")
+            except (sqlite3.Error, StoreUnavailable):
+                with suppress(sqlite3.Error):
+                    await self._db.execute("ROLLBACK")
+                raise
+            self.problem = None
 
     # for other modules' tables (pairing, cron, ...) ------------------------------------------
 

@@ -48,6 +48,11 @@ class Cursor:
         rows, self._at = self._rows[self._at:], len(self._rows)
         return rows
 
+    def fetchmany(self, n: int) -> list[Any]:
+        rows = self._rows[self._at:self._at + n]
+        self._at += len(rows)
+        return rows
+
     def __iter__(self) -> Any:
         return iter(self.fetchall())
 
@@ -138,6 +143,8 @@ class PgStore(Store):
 
     dialect = "postgresql"
     claims_inbound = True
+    trigram = False
+    search_mode = "like"
 
     def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:  # noqa: D107
         self._conn = conn
@@ -147,6 +154,9 @@ class PgStore(Store):
         self.target = hide_password(url)
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self.problem: str | None = None
+        self._texts_known: set[str] = set()  # LayerTexts' (store_snapshots): its __init__ is
+        # SQLite's, not run here
 
     @classmethod
     async def connect(cls, url: str) -> Self:
@@ -159,6 +169,8 @@ class PgStore(Store):
         self = cls(conn, url)
         try:
             await self.migrate(CORE)
+            await self.ensure_search()
+            await self.backfill_search()
         except BaseException:
             await self.close()
             raise
@@ -205,6 +217,11 @@ class PgStore(Store):
             return await super().migrate(tables)
         finally:
             await self._call(lambda c: c.execute("SELECT pg_advisory_unlock(19)"))
+
+    def check_file(self) -> str | None:
+        """SQLite's check that its file is still there; a lost connection shows in the
+        cluster's health (``gateway/cluster.py``)."""
+        return None
 
     async def columns(self, table: str) -> set[str]:
         rows = await self._fetchall(

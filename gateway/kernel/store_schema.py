@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS turns (
     started_at TEXT NOT NULL,
     finished_at TEXT
 );
+CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
 
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -90,6 +91,11 @@ CREATE TABLE IF NOT EXISTS context_snapshots (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+
+CREATE TABLE IF NOT EXISTS layer_texts (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -166,6 +172,7 @@ CREATE TABLE IF NOT EXISTS turns (
     started_at TEXT NOT NULL,
     finished_at TEXT
 );
+CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
 
 CREATE TABLE IF NOT EXISTS llm_calls (
     id BIGSERIAL PRIMARY KEY,
@@ -211,6 +218,11 @@ CREATE TABLE IF NOT EXISTS context_snapshots (
     seq BIGSERIAL
 );
 CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
+
+CREATE TABLE IF NOT EXISTS layer_texts (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS inbox (
     id BIGSERIAL PRIMARY KEY,
@@ -260,7 +272,8 @@ for SQLite's INTEGER and REAL, timestamps kept as ISO text (compared as text, as
 CORE = register(TableSet(
     "core", (Migration(1, SCHEMA, SCHEMA_PG),),
     tables=("sessions", "messages", "turns", "llm_calls", "limit_notices",
-            "conversation_models", "context_snapshots", "inbox", "outbox", "compactions"),
+            "conversation_models", "context_snapshots", "layer_texts", "inbox", "outbox",
+            "compactions"),
     upsert_keys={"turns": ("id",), "context_snapshots": ("turn_id",),
                  "schema_versions": ("component",)},
     generated_ids={"sessions": "id", "messages": "id", "llm_calls": "id", "inbox": "id",

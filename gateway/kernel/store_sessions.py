@@ -16,8 +16,10 @@ from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
-from gateway.kernel.store_db import Database, dump_json, iso
+from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
+from gateway.kernel.store_search import TRIGRAM, insert_sql
+from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,34 @@ def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
              c.audio_seconds) for c in calls]
 
 
+def index_rows(ids: list[int], bodies: list[dict[str, Any]], chat: str,
+               person: str | None) -> list[tuple[int, str, str, str | None, str]]:
+    """Search index rows (id, text, chat, person, role) for the messages worth finding:
+    users' and the assistant's text, not tool results or bare tool calls."""
+    rows = []
+    for message_id, body in zip(ids, bodies, strict=True):
+        if body.get("role") not in ("user", "assistant"):
+            continue
+        text = content_text(body.get("content")).strip()
+        if text:
+            rows.append((message_id, text, chat, person, str(body["role"])))
+    return rows
+
+
+def _chat_of(session_key: str) -> str | None:
+    """``channel:chat_id`` of a conversation's session key; None for a subagent's, a cron
+    job's or a heartbeat's own session."""
+    channel, _, rest = session_key.partition(":")
+    if not rest or channel in ("subagent", "cron", "heartbeat"):
+        return None
+    return f"{channel}:{rest.split(':', 1)[0]}"
+
+
+INSERT_MESSAGE = ("INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?)")
+INSERT_INDEX = insert_sql(TRIGRAM)
+
+
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
 
 
@@ -117,7 +147,7 @@ def _session(row: Any) -> SessionRow:
     return SessionRow(row[0], row[1], bool(row[2]), row[3], row[4], row[5], row[6])
 
 
-class SessionTables(Database):
+class SessionTables(LayerTexts):
     """Sessions (one active per key), messages, compactions and a turn's one write."""
 
     # sessions -----------------------------------------------------------------------------
@@ -188,6 +218,41 @@ class SessionTables(Database):
             "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
         return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
 
+    async def backfill_search(self) -> int:
+        """Once per database: index the messages written before the search index existed
+        (their chat from the session's key, no person: a guest's search does not find them).
+        Returns how many were indexed."""
+        await self.ensure_schema("CREATE TABLE IF NOT EXISTS search_backfill "
+                                 "(done INTEGER NOT NULL)")
+        if await self._fetchone("SELECT done FROM search_backfill", ()):
+            return 0
+
+        def fill(db: sqlite3.Connection) -> int:
+            count = 0
+            rows = db.execute(
+                "SELECT m.id, m.body, s.key FROM messages m JOIN sessions s "
+                "ON s.id = m.session_id WHERE m.role IN ('user', 'assistant') ORDER BY m.id")
+            for batch in iter(lambda: rows.fetchmany(1000), []):
+                index = []
+                for message_id, body, key in batch:
+                    chat = _chat_of(key)
+                    if chat is not None:
+                        index += index_rows([message_id], [json.loads(body)], chat, None)
+                db.executemany(INSERT_INDEX, index)
+                count += len(index)
+            db.execute("INSERT INTO search_backfill (done) VALUES (1)")
+            return count
+
+        return await self._write(fill)
+
+    async def last_turn(self, session_id: int) -> tuple[str, str | None] | None:
+        """(status, error) of the session's last finished turn (chatter kept as context
+        aside), or None before its first."""
+        row = await self._fetchone(
+            "SELECT status, error FROM turns WHERE session_id = ? AND status != 'context' "
+            "ORDER BY finished_at DESC LIMIT 1", (session_id,))
+        return (row[0], row[1]) if row else None
+
     # compactions --------------------------------------------------------------------------
 
     _COMPACTION_COLS = ("id, summary, summary_tokens, first_kept_id, tokens_before, "
@@ -236,12 +301,17 @@ class SessionTables(Database):
                         messages: list[NewMessage], status: str = "done",
                         error: str | None = None, calls: list[LLMCallRecord] | None = None,
                         snapshot: dict[str, Any] | None = None,
+                        texts: dict[str, str] | None = None,
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
                         outbound: list[tuple[OutboundMessage, datetime]] | None = None,
-                        usage: UsageTags | None = None) -> None:
+                        usage: UsageTags | None = None,
+                        index: tuple[str, str | None] | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
-        it answered (marked done), and its replies (into the outbox, to be delivered)."""
+        it answered (marked done), and its replies (into the outbox, to be delivered).
+        ``index``: (chat, person) the messages are found under by ``search_messages``; None:
+        not indexed (a subagent's).
+        ``texts``: what the snapshot names by content hash, each written once ever."""
         now = iso()
         done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
         outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
@@ -252,18 +322,24 @@ class SessionTables(Database):
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
                         SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
                         ) if snapshot is not None else None
+        text_rows = self._new_texts(texts)
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
             db.executemany(INSERT_OUTBOX, outbox_rows)
-            db.executemany(
-                "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)", message_rows)
+            if index is None:
+                db.executemany(INSERT_MESSAGE, message_rows)
+            else:
+                ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
+                db.executemany(INSERT_INDEX, index_rows(ids, [m.body for m in messages],
+                                                        *index))
             db.execute(
                 "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
                 "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
             db.executemany(INSERT_CALL, call_rows)
+            if text_rows:
+                db.executemany(INSERT_TEXT, text_rows)
             if snapshot_row is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
@@ -274,4 +350,5 @@ class SessionTables(Database):
                 (len(messages), now, total, session_id))
 
         await self._write(write)
+        self._texts_known.update(h for h, _ in text_rows)
 

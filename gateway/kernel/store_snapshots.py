@@ -8,8 +8,10 @@ because only inspection reads them, never a turn.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from gateway.kernel.secrets import SECRETS
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_sql import twin
 
@@ -22,8 +24,49 @@ _ALL = twin("SELECT detail FROM context_snapshots WHERE session_id = ? "
             "SELECT detail FROM context_snapshots WHERE session_id = %s "
             "ORDER BY created_at, seq")
 
+INSERT_TEXT = "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)"
+KNOWN_TEXTS = 10_000
+"""Hashes remembered as written (a turn's system layers are skipped without a statement)."""
 
-class SnapshotTables(Database):
+
+class LayerTexts(Database):
+    """The texts snapshots name by content hash: one row per distinct text (a system prompt
+    layer, a runtime block, a tool list), whatever number of snapshots name it."""
+
+    def __init__(self, db: Any, path: Path) -> None:
+        super().__init__(db, path)
+        self._texts_known: set[str] = set()
+
+    def _new_texts(self, texts: dict[str, str] | None) -> list[tuple[str, str]]:
+        """Rows for the texts not written yet (secrets redacted, as in every snapshot)."""
+        if not texts:
+            return []
+        if len(self._texts_known) > KNOWN_TEXTS:
+            self._texts_known.clear()
+        return [(h, SECRETS.redact(t)) for h, t in texts.items() if h not in self._texts_known]
+
+    async def layer_texts(self, hashes: list[str]) -> dict[str, str]:
+        """The stored texts of ``hashes`` (those found)."""
+        out: dict[str, str] = {}
+        unique = list(dict.fromkeys(hashes))
+        for start in range(0, len(unique), 500):
+            part = unique[start:start + 500]
+            rows = await self._fetchall(
+                f"SELECT hash, text FROM layer_texts WHERE hash IN "
+                f"({', '.join('?' * len(part))})", tuple(part))
+            out.update((r[0], r[1]) for r in rows)
+        return out
+
+    async def turn_messages(self, session_id: int,
+                            turn_id: str) -> list[tuple[int, dict[str, Any]]]:
+        """(id, body) of the messages a turn stored, in order (its user message first)."""
+        rows = await self._fetchall(
+            "SELECT id, body FROM messages WHERE session_id = ? AND turn_id = ? ORDER BY id",
+            (session_id, turn_id))
+        return [(r[0], json.loads(r[1])) for r in rows]
+
+
+class SnapshotTables(LayerTexts):
     """Reads over context snapshots, LLM calls and table counts."""
 
     async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.store import Store
 from tests.agent.tools.conftest import EXEC_FOR_LISTS
-from tests.conftest import MakeConfig
+from tests.conftest import MakeConfig, offered_tools
 from tests.fakes.openai_server import ScriptedLLM
 
 
@@ -65,7 +65,7 @@ async def env(make_config: MakeConfig, request: pytest.FixtureRequest) -> AsyncI
 
 
 def tool_names(request: dict[str, Any]) -> set[str]:
-    return {t["function"]["name"] for t in request.get("tools") or ()}
+    return offered_tools(request)
 
 
 def test_a_subagent_gets_no_message_cron_or_spawn_tools(make_config: MakeConfig) -> None:

@@ -20,6 +20,7 @@ from gateway.kernel.config import ToolsConfig, TrustConfig, parse_config
 from gateway.kernel.events import InboundMessage
 from gateway.kernel.values import ChannelHints
 from tests.agent.tools.conftest import EXEC_FOR_LISTS
+from tests.conftest import offered_tools
 from workspace.memory import HOME
 
 NOW = datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
@@ -35,7 +36,7 @@ def msg(trust: str = "guest", *, chat_type: str = "direct", sender: str = "u1",
 def tool_names(policy: TrustPolicy, message: InboundMessage) -> set[str]:
     registry = build_registry(ToolsConfig(), exec_access=EXEC_FOR_LISTS)
     allowed = policy.audience(message).tools
-    return {s["function"]["name"] for s in registry.schemas(allowed)}
+    return offered_tools({"tools": registry.schemas(allowed)})
 
 
 def test_default_levels() -> None:

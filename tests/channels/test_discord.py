@@ -4,6 +4,7 @@ policy's, tested in ``test_access``."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -35,11 +36,14 @@ from channels.discord_convert import (
     stored_name,
     too_big_reply,
 )
+from channels.inbound import PUBLISH_ATTEMPTS
 from channels.incoming import Incoming, to_inbound
+from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import ConfigError, DiscordChannelConfig, parse_config
 from gateway.kernel.events import Media, OutboundMessage
 from gateway.kernel.store import Store
+from tests.channels.test_telegram import FlakyBus
 from tests.fakes.discord_server import BOT_ID, TOKEN, FakeDiscord
 
 BOT = str(BOT_ID)
@@ -189,14 +193,6 @@ def test_config_rules() -> None:
     assert config.max_media_bytes == 25 * 1024 * 1024 and config.dm_policy == "pairing"
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "parley.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
 
 # --- the adapter against the fake Discord --------------------------------------------------
 
@@ -264,3 +260,21 @@ async def test_a_failed_part_resumes_without_sending_twice(
     finally:
         await channel.stop()
     assert not channel.status().running
+
+
+async def test_a_message_that_cannot_be_stored_is_tried_again_not_dropped(
+        dc: FakeDiscord, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More failures than one round of tries (a full disk): Discord never offers a message
+    again, so the reader keeps it until it is stored."""
+    bus = FlakyBus(failures=PUBLISH_ATTEMPTS + 2)
+    config = DiscordChannelConfig(enabled=True, token=dc.token, api_base=dc.api_base,
+                                  connect_timeout=5.0, dm_policy="open")
+    channel = DiscordChannel(config, bus=bus, store=store, workspace=tmp_path / "ws")
+    monkeypatch.setattr(channel._inbound, "_retry", BackoffPolicy(base=0.001, cap=0.001))
+    await channel.start()
+    try:
+        dc.post(dc.dm_channel(dc.user(7, "ada")), dc.user(7, "ada"), "do not lose me")
+        received = await asyncio.wait_for(bus.consume_inbound(), 10)
+        assert received.text == "do not lose me" and bus.failures == 0
+    finally:
+        await channel.stop()

@@ -161,8 +161,8 @@ async def test_other_bots_are_dropped_unless_allowed(pairing: PairingStore,
     assert [m.text for m in await allowed.prepare(robot)] == ["hello bot"]
 
 
-async def test_storing_is_retried_then_given_up(pairing: PairingStore, tmp_path: Path,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+async def test_storing_is_retried_and_never_acknowledged_unless_it_worked(
+        pairing: PairingStore, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     bus = FlakyBus(failures=2)
     inbound = pipeline(FakePlatform(), pairing, tmp_path, bus=bus)
 
@@ -172,9 +172,12 @@ async def test_storing_is_retried_then_given_up(pairing: PairingStore, tmp_path:
     assert await inbound.take(convert("kept", "1"), "message 1")
     assert (await bus.consume_inbound()).text == "kept" and inbound.last_inbound is not None
     bus.failures = 5
-    assert await inbound.take(convert("lost", "2"), "message 2")  # handled: given up
+    assert not await inbound.take(convert("kept too", "2"), "message 2")  # not acknowledged
     assert bus.inbound_size == 0
-    assert "chat: message 2 dropped after 5 failed attempts to store it" in caplog.text
+    assert ("chat: message 2 not stored after 5 attempts (database is locked); not "
+            "acknowledged, so Chat offers it again") in caplog.text
+    assert await inbound.take(convert("kept too", "2"), "message 2")  # offered again: stored
+    assert (await bus.consume_inbound()).text == "kept too"
     bus.close()
     assert not await inbound.take(convert("late", "3"), "message 3")  # stopping
 

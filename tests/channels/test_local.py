@@ -24,6 +24,7 @@ from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from tests.channels.conftest import make_channel
+from tests.e2e.waiting import until
 
 TOKEN = "s3cret-token-value"
 
@@ -257,3 +258,83 @@ async def test_unexpected_error_is_500_json_and_logged(
     finally:
         await channel.stop()
     assert any("health exploded" in (r.exc_text or "") for r in caplog.records)
+
+
+# --- hostile and broken clients -------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "field"), [
+    ('{"chat_id": "c1", "sender_id": "u1", "text": "a\\ud800b"}', "text:"),
+    ('{"chat_id": "c\\udfff", "sender_id": "u1", "text": "hi"}', "chat_id:"),
+    ('{"chat_id": "c1", "sender_id": "u1", "text": "hi", "sender_name": "\\ud800"}',
+     "sender_name:"),
+    ('{"chat_id": "c1", "sender_id": "u1", "text": "hi", '
+     '"media": [{"data_base64": "AAAA", "mime": "image/png", "name": "x\\ud800.png"}]}',
+     "media[0].name:"),
+])
+async def test_a_lone_surrogate_is_400_naming_the_field(
+        http: aiohttp.ClientSession, bus: MessageBus, body: str, field: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with http.post("/v1/messages", data=body,
+                         headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+    assert error == f"{field} contains a lone surrogate (not valid Unicode text)"
+    assert bus.inbound_size == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # a proper pair (an emoji written as two escapes) is text like any other
+    ok = '{"chat_id": "c1", "sender_id": "u1", "text": "\\ud83d\\ude00"}'
+    async with http.post("/v1/messages", data=ok,
+                         headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 202
+    assert (await next_inbound(bus)).text == "\U0001f600"
+
+
+async def raw_request(port: int, head: bytes, body: bytes) -> tuple[asyncio.StreamReader,
+                                                                   asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_body_that_never_arrives_in_full_is_408(tmp_path: Path, bus: MessageBus) -> None:
+    """The client promises 100 bytes and sends 12, then waits: the answer can only be the
+    408 (the server's timer decides, not the test's)."""
+    channel = make_channel(tmp_path, bus, body_timeout="0.05s")
+    await channel.start()
+    try:
+        assert channel.port is not None
+        reader, writer = await raw_request(
+            channel.port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: 100\r\n\r\n", b'{"chat_id": ')
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answer = head + await asyncio.wait_for(reader.readexactly(length), 10)
+        writer.close()
+    finally:
+        await channel.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert b'"body: not received in full within 0.05 s (channels.local.body_timeout)"' in body
+    assert bus.inbound_size == 0
+
+
+async def test_a_client_that_disconnects_is_a_debug_line(
+        channel: LocalChannel, bus: MessageBus, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="channels")
+    assert channel.port is not None
+    _, writer = await raw_request(
+        channel.port, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 100\r\n\r\n", b'{"chat_id": ')
+    writer.close()
+    await writer.wait_closed()
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "disconnected" in r.getMessage()]
+
+    await until(lambda: bool(said()), "the disconnect noticed")
+    assert said()[0].levelno == logging.DEBUG
+    assert said()[0].getMessage() == ("local channel: the client of POST /v1/messages "
+                                      "disconnected")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert bus.inbound_size == 0

@@ -16,9 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels import local, local_log
+from channels.base import ChannelDeps
 from channels.local import MAX_RECORDS_PER_CHAT, LocalChannel, parse_poll_query
 from gateway.kernel.bus import MessageBus
-from gateway.kernel.config import LocalChannelConfig
+from gateway.kernel.config import LocalChannelConfig, parse_config
+from gateway.kernel.store import Store
 from tests.channels.conftest import make_channel
 from tests.channels.test_local import reply
 
@@ -200,3 +203,42 @@ async def test_stop_wakes_long_poll_and_is_safe_twice(
     assert not channel.status().running
     left = {t for t in asyncio.all_tasks() - before if not t.done()}
     assert left == set()
+
+
+async def test_replies_and_seq_outlive_the_channel_with_a_store(
+        tmp_path: Path, bus: MessageBus, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept in the database: numbered on after a restart, unread ones still there, a resent
+    reply (same idempotency key) neither renumbered nor shown twice, and numbers never reused
+    once old rows are pruned."""
+    monkeypatch.setattr(local_log, "MAX_KEPT", 3)
+    monkeypatch.setattr(local_log, "PRUNE_EVERY", 2)
+    config = parse_config({"workspace": str(tmp_path / "ws"), "data_dir": str(tmp_path),
+                           "channels": {"local": {"port": 0}}}, env={})
+
+    async def channel() -> LocalChannel:
+        """Made as the gateway makes it (``create``), which hands over the store."""
+        made = local.create(ChannelDeps(config=config, bus=bus, store=store,
+                                        data_path=config.data_path, health=dict))
+        await made.start()
+        return made
+
+    first = await channel()
+    first_reply = reply("c1", "one")
+    sent = [await first.send(first_reply), await first.send(reply("c1", "two"))]
+    assert [d.message_ids for d in sent] == [("1",), ("2",)]
+    await first.stop()
+
+    second = await channel()
+    found, after = await second.wait_messages("c1", after=1, timeout=0)
+    assert [r["text"] for r in found] == ["two"] and after == 2
+    assert (await second.send(first_reply)).message_ids == ("1",)  # a resend: the same seq
+    for text in ("three", "four", "five"):
+        await second.send(reply("c1", text))
+    await second.stop()
+
+    third = await channel()
+    found, after = await third.wait_messages("c1", after=0, timeout=0)
+    assert [r["text"] for r in found] == ["two", "three", "four", "five"]  # "one" pruned
+    assert after == 5
+    assert (await third.send(reply("c1", "six"))).message_ids == ("6",)
+    await third.stop()

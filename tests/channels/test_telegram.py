@@ -13,22 +13,15 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels.inbound import PUBLISH_ATTEMPTS
 from channels.telegram import TelegramChannel, TelegramChannelError
+from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import TelegramChannelConfig
 from gateway.kernel.events import ChatActivity, InboundMessage, Media, OutboundMessage
 from gateway.kernel.store import Store
 from gateway.kernel.values import COMMAND_DESCRIPTIONS
 from tests.fakes.telegram_server import TOKEN, FakeTelegram
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "data" / "parley.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 class FlakyBus(MessageBus):
@@ -114,6 +107,23 @@ async def test_offset_moves_only_after_the_message_is_stored(
     assert bus.inbound_size == 0  # stored once, after a failed attempt
     offsets = [int(p["offset"]) for m, p in tg.calls if m == "getUpdates" and p.get("offset")]
     assert offsets == sorted(offsets)
+
+
+async def test_a_message_that_cannot_be_stored_is_not_confirmed_but_read_again(
+        tg: FakeTelegram, make_channel: MakeChannel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More failures than one round of tries (a deleted database): the update is never
+    confirmed, so Telegram hands it out again, and it is taken once storing works again."""
+    bus = FlakyBus(failures=PUBLISH_ATTEMPTS + 2)
+    channel = await make_channel(bus, start=False)
+    monkeypatch.setattr(channel._inbound, "_retry", BackoffPolicy(base=0.001, cap=0.001))
+    await channel.start()
+    tg.dm(tg.user(1001, "Ada"), "do not lose me")
+    update_id = tg.updates[-1]["update_id"]
+    received = await next_inbound(bus)
+    assert received.text == "do not lose me" and bus.failures == 0
+    offered = [m for m, p in tg.calls
+               if m == "getUpdates" and int(p.get("offset") or 0) <= update_id]
+    assert len(offered) >= 2  # handed out again after the first round of tries failed
 
 
 async def test_watchdog_rebuilds_a_stalled_poll_and_health_says_so(

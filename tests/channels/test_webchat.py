@@ -5,19 +5,25 @@ Gateway with the scripted model. Access rules (origin, host, token) are in
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from gateway.app import Gateway
+from gateway.kernel.store import Store
 from tests.channels.webchat_page import (
     CHAT,
     OTHER,
     PNG,
     Page,
+    bare_channel,
     channel_of,
     is_type,
 )
@@ -180,6 +186,8 @@ BAD_FRAMES: list[tuple[str, str]] = [
      "chat_id: must be the chat this connection was opened for"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": 5}',
      "text: must be a string"),
+    ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", '
+     '"text": "a\\ud800"}', "text: contains a lone surrogate"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": " "}',
      "text: required, unless an image or a recording is sent"),
     ('{"type": "message", "chat_id": "' + CHAT + '", "message_id": "msg-00000001", "text": "x",'
@@ -243,3 +251,92 @@ async def test_reconnect_after_a_gateway_restart_gets_the_history(
             await conn.message("hello", "msg-restart1")  # still unacknowledged on that page
             assert (await conn.until(is_type("ack")))["duplicate"] is True
     assert llm.calls == 1
+
+
+async def test_a_message_the_store_cannot_keep_is_not_acknowledged(
+        page: Page, gw: Gateway, llm: ScriptedLLM) -> None:
+    """The database deleted under a running gateway: an error frame the page retries on, and
+    no ack (the page keeps the message in its outbox) — never an ack for a lost message."""
+    conn = await page.connect()
+    shutil.rmtree(gw.config.data_path)
+    await conn.message("keep me", message_id="msg-lost-0001")
+    error = await conn.error()
+    assert error["error"].startswith("store: the gateway cannot store messages right now")
+    assert error["retry"] is True and error["message_id"] == "msg-lost-0001"
+    assert llm.calls == 0
+    assert gw.health()["status"] == "degraded"
+
+
+# --- past conversations (webchat_chats) -------------------------------------------------------
+
+async def test_the_markdown_library_is_served_from_the_package(page: Page) -> None:
+    async with page.http.get(page.base + "/vendor/markdown-it.min.js") as resp:
+        assert resp.status == 200 and resp.content_type == "text/javascript"
+        assert (await resp.text()).startswith("/*! markdown-it 14.3.3")
+    async with page.http.get(page.base + "/") as resp:
+        html = await resp.text()
+    assert html.index('src="/vendor/markdown-it.min.js"') < html.index('src="/app.js"')
+
+
+async def test_conversations_are_listed_per_browser_newest_first(
+        page: Page, llm: ScriptedLLM) -> None:
+    llm.echo()
+    profile, stranger = "profile-0001", "profile-0002"
+
+    async def register(body: Any) -> tuple[int, Any]:
+        async with page.http.post(f"{page.base}/api/conversations", json=body) as resp:
+            return resp.status, await resp.json()
+
+    async def listed(who: str) -> list[tuple[str, str]]:
+        async with page.http.get(f"{page.base}/api/conversations",
+                                 params={"profile": who}) as resp:
+            assert resp.status == 200
+            return [(c["chat_id"], c["title"]) for c in (await resp.json())["conversations"]]
+
+    for chat in (CHAT, OTHER, "empty-chat-0001"):
+        assert await register({"profile": profile, "chat_id": chat}) == (200, {"ok": True})
+    assert await register({"profile": stranger, "chat_id": CHAT}) == (200, {"ok": True})
+    for chat, text in ((CHAT, "first " + "x" * 100), (OTHER, "second")):
+        conn = await page.connect(chat)
+        await conn.send(type="message", chat_id=chat, message_id="msg-00000001", text=text)
+        await conn.reply()
+        await conn.ws.close()
+    assert await listed(profile) == [(OTHER, "second"), (CHAT, "first " + "x" * 74)]
+    assert await listed(stranger) == []  # a chat id belongs to whoever registered it first
+
+
+@pytest.mark.parametrize(("body", "status", "error"), [
+    ({"profile": "short", "chat_id": CHAT}, 400, "profile: required, 8 to 64"),
+    ({"profile": "profile-0001"}, 400, "chat_id: required, 8 to 64"),
+    ({"profile": "profile-0001", "chat_id": CHAT, "title": "x"}, 400, "title: unknown field"),
+    ({"profile": "profile-\ud800", "chat_id": CHAT}, 400, "profile: contains a lone surrogate"),
+    ([], 400, "body: must be a JSON object"),
+])
+async def test_a_bad_conversation_request_names_the_field(
+        page: Page, body: Any, status: int, error: str) -> None:
+    raw = json.dumps(body)  # ensure_ascii: a lone surrogate travels as its escape
+    async with page.http.post(f"{page.base}/api/conversations", data=raw,
+                              headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == status
+        assert (await resp.json())["error"].startswith(error)
+    async with page.http.post(f"{page.base}/api/conversations", data=raw) as resp:
+        assert resp.status == 415  # not JSON: no form posted by another site
+    async with page.http.get(f"{page.base}/api/conversations",
+                             params={"profile": "x"}) as resp:
+        assert resp.status == 400 and (await resp.json())["error"].startswith("profile:")
+
+
+async def test_a_conversation_body_that_never_arrives_is_408(
+        store: Store, tmp_path: Path) -> None:
+    channel = await bare_channel(store, tmp_path, body_timeout="0.05s")
+    try:
+        assert channel.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", channel.port)
+        writer.write(b"POST /api/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 100\r\n\r\n{\"profile\": ")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+    finally:
+        await channel.stop()
+    assert head.startswith(b"HTTP/1.1 408")

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from agent.subagent import RESULT_TAG
 from gateway.app import Gateway
-from tests.conftest import MakeConfig
+from tests.conftest import MakeConfig, offered_tools
 from tests.e2e.test_cli import PARLEY, _env, parley
 from tests.e2e.test_gateway import Client
 from tests.fakes.openai_server import ScriptedLLM
@@ -37,7 +37,7 @@ async def ask(client: Client, chat_id: str, text: str) -> dict[str, Any]:
 
 
 def tool_names(request: dict[str, Any]) -> set[str]:
-    return {t["function"]["name"] for t in request.get("tools") or ()}
+    return offered_tools(request)
 
 
 def tool_results(request: dict[str, Any]) -> list[str]:
@@ -206,14 +206,19 @@ async def test_mcp_server_through_the_gateway(run_gateway: Any, llm: ScriptedLLM
     assert gw.mcp is not None
     gw.mcp.initial_backoff = 0.05
 
+    # An MCP tool is not a core one: named in one line, loaded when the model asks for it.
+    llm.tool_call("load_tools", {"names": ["mcp_fake_add"]})
     llm.tool_call("mcp_fake_add", {"a": 19, "b": 23}).reply("It's 42.")
     assert (await ask(client, "c1", "add 19 and 23"))["text"] == "It's 42."
-    offered = {t["function"]["name"]: t["function"] for t in llm.requests[0]["tools"]}
+    assert "mcp_fake_add" in tool_names(llm.requests[0])
+    assert "mcp_fake_add" not in {t["function"]["name"] for t in llm.requests[0]["tools"]}
+    assert tool_results(llm.requests[1]) == ["Loaded mcp_fake_add: call them now."]
+    offered = {t["function"]["name"]: t["function"] for t in llm.requests[1]["tools"]}
     assert offered["mcp_fake_add"]["parameters"] == {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
         "required": ["a", "b"]}
-    assert not any(n.startswith("mcp_broken") for n in offered)
-    assert tool_results(llm.requests[1]) == ["42"]
+    assert not any(n.startswith("mcp_broken") for n in tool_names(llm.requests[1]))
+    assert tool_results(llm.requests[2])[-1] == "42"
 
     status = (await ask(client, "c1", "/status"))["text"]
     assert "mcp_fake_echo" in status and "mcp_fake_add" in status

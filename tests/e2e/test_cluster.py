@@ -82,7 +82,7 @@ async def _wait_db(watch: Watch, condition: Any, what: str, timeout: float) -> N
 
 
 async def _wait_outbox_delivered(url: str, n: int) -> None:
-    for _ in range(200):  # bounded; the rows decide
+    for _ in range(1200):  # bounded; the rows decide
         async with await psycopg.AsyncConnection.connect(url) as conn:
             cur = await conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 'delivered'")
             row = await cur.fetchone()
@@ -140,7 +140,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
             await asyncio.gather(*(feed(c, 0, half, bases) for c in range(CHATS)))
             # mid-run: the victim is holding chats with messages it has not answered yet
             pid = victim.pid
-            await _wait_db(watch, lambda s: s["done"] >= 100, "100 answered", 120)
+            await _wait_db(watch, lambda s: s["done"] >= 100, "100 answered", 60)
 
             async def victim_busy() -> bool:
                 return await watch.claimed_by(pid) > 0
@@ -155,7 +155,8 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
 
             await asyncio.gather(*(feed(c, half, PER_CHAT, bases[1:]) for c in range(CHATS)))
             await _wait_db(watch, lambda s: s["done"] == CHATS * PER_CHAT and not s["pending"],
-                           "every message answered", 240)
+                           "every message answered", 100)
+            await _wait_outbox_delivered(postgres_url, CHATS * PER_CHAT)
             survivors = bases[1:]
             async with http.get(f"{survivors[0]}/v1/health") as resp:
                 cluster = (await resp.json())["cluster"]

@@ -299,10 +299,17 @@ async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(
             async with http.post(f"{url}/v1/messages", json=body) as resp:
                 assert resp.status == 202
 
+        after = 0
+
         async def replies(url: str) -> list[dict[str, Any]]:
-            async with http.get(f"{url}/v1/messages",
-                                params={"chat_id": "c1", "wait": "20"}) as resp:
-                return list((await resp.json())["messages"])
+            """What came after the last read: ``next`` passed back as ``after``, as the
+            README says (``seq`` goes on across restarts)."""
+            nonlocal after
+            async with http.get(f"{url}/v1/messages", params={
+                    "chat_id": "c1", "wait": "20", "after": str(after)}) as resp:
+                data = await resp.json()
+            after = data["next"]
+            return list(data["messages"])
 
         await post(base, "first", "m1")
         assert [r["text"] for r in await replies(base)] == ["first answer"]

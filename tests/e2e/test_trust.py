@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.app import Gateway
 from gateway.kernel.config import Config
-from tests.conftest import MakeConfig
+from tests.conftest import MakeConfig, offered_tools
 from tests.e2e.test_discord import (
     ADA_ID,
     BOB_ID,
@@ -31,7 +31,7 @@ def config(make_config: MakeConfig, dc: FakeDiscord, **discord: Any) -> Config:
 
 
 def offered(request: dict[str, Any]) -> set[str]:
-    return {t["function"]["name"] for t in request.get("tools") or ()}
+    return offered_tools(request)
 
 
 def runtime_of(request: dict[str, Any]) -> str:

@@ -31,19 +31,32 @@ SCRIPT_REPLY = ('Careful: <script>window.__pwned = 1</script>'
                 '<img src=x onerror="window.__pwned = 2">')
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA"
                        "60e6kgAAAABJRU5ErkJggg==")
-MARKDOWN = {
+LINK = 'rel="noopener noreferrer nofollow" target="_blank"'
+MARKDOWN = {  # CommonMark + GFM tables (markdown-it), built as elements, never as markup
     "**b** *i* `<c>` __u__": "<p><strong>b</strong> <em>i</em> <code>&lt;c&gt;</code> "
                             "<strong>u</strong></p>",
-    "snake_case_name and 2*3*4": "<p>snake_case_name and 2*3*4</p>",
+    "snake_case_name and 2*3*4": "<p>snake_case_name and 2<em>3</em>4</p>",
     "[ok](https://example.com/a) [no](javascript:alert(1))":
-        '<p><a href="https://example.com/a" rel="noopener noreferrer nofollow" '
-        'target="_blank">ok</a> [no](javascript:alert(1))</p>',
-    "see https://example.com/x.": '<p>see <a href="https://example.com/x" '
-                                  'rel="noopener noreferrer nofollow" target="_blank">'
+        f'<p><a href="https://example.com/a" {LINK}>ok</a> [no](javascript:alert(1))</p>',
+    "see https://example.com/x.": f'<p>see <a href="https://example.com/x" {LINK}>'
                                   "https://example.com/x</a>.</p>",
     "- a\n- b\n\n3. c": "<ul><li>a</li><li>b</li></ul><ol start=\"3\"><li>c</li></ol>",
     "```html\n<b onclick=x>\n```": '<pre><code data-lang="html">&lt;b onclick=x&gt;</code></pre>',
-    "one\ntwo\n\n# not a heading": "<p>one<br>two</p><p># not a heading</p>",
+    "one\ntwo\n\n# a heading\n## and another": "<p>one<br>two</p><h1>a heading</h1>"
+                                               "<h2>and another</h2>",
+    "> quoted **text**\n> more": "<blockquote><p>quoted <strong>text</strong><br>more</p>"
+                                "</blockquote>",
+    "| a | b |\n|:--|--:|\n| 1 | `2` |":
+        '<table><thead><tr><th class="align-left">a</th><th class="align-right">b</th></tr>'
+        '</thead><tbody><tr><td class="align-left">1</td><td class="align-right"><code>2</code>'
+        "</td></tr></tbody></table>",
+    "<https://example.com/auto> and <javascript:alert(1)>":
+        f'<p><a href="https://example.com/auto" {LINK}>https://example.com/auto</a> and '
+        "&lt;javascript:alert(1)&gt;</p>",
+    '<a href="javascript:alert(1)">x</a> <b>raw</b>':
+        "<p>&lt;a href=\"javascript:alert(1)\"&gt;x&lt;/a&gt; &lt;b&gt;raw&lt;/b&gt;</p>",
+    "![img](https://example.com/i.png) ~~gone~~\n\n---":
+        f'<p><a href="https://example.com/i.png" {LINK}>img</a> <s>gone</s></p><hr>',
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -78,20 +79,25 @@ class DiscordRest(DiscordState):
         ("GET", "channels/{}/messages/{}", "get_message"),
         ("POST", "channels/{}/messages", "create_message"),
         ("PATCH", "channels/{}/messages/{}", "edit_message"),
+        ("DELETE", "channels/{}/messages/{}", "delete_message"),
+        ("PUT", "channels/{}/messages/{}/reactions/{e}/@me", "add_reaction"),
+        ("DELETE", "channels/{}/messages/{}/reactions/{e}/@me", "remove_reaction"),
         ("POST", "channels/{}/typing", "typing"),
     )
 
     @classmethod
-    def _route(cls, method: str, path: str) -> tuple[str, list[int]] | None:
+    def _route(cls, method: str, path: str) -> tuple[str, list[Any]] | None:
         parts = path.strip("/").split("/")
         for want_method, pattern, name in cls._ROUTES:
             want = pattern.split("/")
             if want_method != method or len(want) != len(parts):
                 continue
-            ids: list[int] = []
+            ids: list[Any] = []
             for w, p in zip(want, parts, strict=True):
                 if w == "{}" and p.isdigit():
                     ids.append(int(p))
+                elif w == "{e}":  # an emoji, URL-encoded
+                    ids.append(unquote(p))
                 elif w != p:
                     break
             else:
@@ -277,6 +283,35 @@ class DiscordRest(DiscordState):
         msg["edited_timestamp"] = now_iso()
         self.dispatch("MESSAGE_UPDATE", msg)
         return msg
+
+    async def _r_delete_message(self, request: web.Request, channel_id: int,
+                                message_id: int) -> None:
+        self._channel(channel_id)
+        msg = self.messages.get(message_id)
+        if msg is None or int(msg["channel_id"]) != channel_id:
+            raise ApiError(404, 10008, "Unknown Message")
+        del self.messages[message_id]
+        sent = next((s for s in self.sent if s.message_id == message_id), None)
+        if sent is not None:
+            self.sent.remove(sent)
+            self.deleted.append(sent)
+        self.dispatch("MESSAGE_DELETE", {"id": str(message_id), "channel_id": str(channel_id)})
+
+    async def _r_add_reaction(self, request: web.Request, channel_id: int,
+                              message_id: int, emoji: str) -> None:
+        self._channel(channel_id)
+        if message_id not in self.messages:
+            raise ApiError(404, 10008, "Unknown Message")
+        self.reactions.setdefault(message_id, []).append(emoji)
+        self.reaction_log.append(("add", message_id, emoji))
+
+    async def _r_remove_reaction(self, request: web.Request, channel_id: int,
+                                 message_id: int, emoji: str) -> None:
+        self._channel(channel_id)
+        mine = self.reactions.get(message_id, [])
+        if emoji in mine:
+            mine.remove(emoji)
+        self.reaction_log.append(("remove", message_id, emoji))
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.Response:

@@ -113,6 +113,11 @@ class DiscordState:
         self.messages: dict[int, JSON] = {}
         self.files: dict[int, tuple[str, bytes]] = {}
         self.sent: list[Sent] = []
+        self.deleted: list[Sent] = []
+        self.reactions: dict[int, list[str]] = {}
+        """The bot's reactions now, per message."""
+        self.reaction_log: list[tuple[str, int, str]] = []
+        """("add" | "remove", message id, emoji), in order."""
         self.typing: list[int] = []
         """Channel ids the bot sent "typing…" to, in order."""
         self.calls: list[tuple[str, str]] = []

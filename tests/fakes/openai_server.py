@@ -44,6 +44,7 @@ from aiohttp import web
 from tests.fakes.openai_wire import (
     JSON,
     Answer,
+    Gate,
     ToolCall,
     answer_from,
     completion,
@@ -71,31 +72,12 @@ Responder = Callable[[JSON], "JSON | str | Awaitable[JSON | str]"]
 `usage`. May be async."""
 
 
-class Gate:
-    """Holds the answers scripted with it until `release()`; unreleased, they never come.
-
-    One gate may hold several answers (and a default responder's every answer); one
-    `release()` lets them all go, and answers taken after it are not held.
-    """
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-
-    def release(self) -> None:
-        self._open.set()
-
-    @property
-    def released(self) -> bool:
-        return self._open.is_set()
-
-    async def wait(self) -> None:
-        await self._open.wait()
-
-
 @dataclass(frozen=True, slots=True)
 class _Scripted:
     answer: Answer
     gate: Gate | None = None
+    pauses: Mapping[int, Gate] | None = None
+    """Streamed: piece i (1-based) is written only once ``pauses[i]`` is released."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +197,19 @@ class ScriptedLLM:
         return self._pending_gate
 
     def reply(
-        self, text: str, *, usage: Mapping[str, int] | None = None, gate: Gate | None = None
+        self, text: str, *, usage: Mapping[str, int] | None = None, gate: Gate | None = None,
+        pieces: Sequence[str] | None = None, pauses: Mapping[int, Gate] | None = None,
+        whole: bool = False,
     ) -> Self:
-        """Script an assistant text answer."""
-        return self._push(Answer(content=text, usage=usage), gate)
+        """Script an assistant text answer. Streamed, it comes as ``pieces`` (they must join
+        to ``text``), piece i only after ``pauses[i]`` is released (the model writing);
+        ``whole``: one JSON body even when a stream was asked for."""
+        if pieces is not None and "".join(pieces) != text:
+            raise ValueError("pieces must join to the text")
+        answer = Answer(content=text, usage=usage, whole=whole,
+                        pieces=tuple(pieces) if pieces is not None else None)
+        self._script.append(_Scripted(answer, self._gate(gate), pauses))
+        return self
 
     def tool_call(
         self,
@@ -385,8 +376,10 @@ class ScriptedLLM:
         """Wait at the answer's gate, then send it (a default responder runs after the gate)."""
         if source.gate is not None and await self._held(source.gate):
             return error_response(503, "ScriptedLLM: server stopping")
+        pauses = None
         if isinstance(source, _Scripted):
             answer = source.answer
+            pauses = source.pauses
         else:
             try:
                 answer = await self._from_responder(source.responder, body)
@@ -394,20 +387,28 @@ class ScriptedLLM:
                 _log.exception("ScriptedLLM: responder failed")
                 self.responder_errors.append(exc)
                 return error_response(500, f"ScriptedLLM: responder failed: {exc!r}")
-        return await self._send(request, answer, body, prompt_bytes=prompt_bytes)
+        return await self._send(request, answer, body, prompt_bytes=prompt_bytes,
+                                pauses=pauses)
 
     async def _send(self, request: web.Request, answer: Answer, body: JSON, *,
-                    prompt_bytes: int) -> web.StreamResponse:
+                    prompt_bytes: int,
+                    pauses: Mapping[int, Gate] | None = None) -> web.StreamResponse:
         if answer.status != 200:
             return error_response(answer.status, answer.error_message, answer.retry_after)
         model = str(body.get("model", "unknown"))
         usage = usage_of(answer, prompt_bytes=prompt_bytes)
         completion_id = f"chatcmpl-scripted-{next(self._counters.completions)}"
-        if body.get("stream"):
+        if body.get("stream") and not answer.whole:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = stream_events(answer, model, completion_id, usage,
                                    include_usage=include_usage)
-            return await send_stream(request, events)
+
+            async def pause(i: int) -> None:  # event 0 opens the message; i is piece i
+                gate = (pauses or {}).get(i)
+                if gate is not None:
+                    await self._held(gate)
+
+            return await send_stream(request, events, pause=pause if pauses else None)
         return json_response(completion(answer, model, completion_id, usage))
 
     def _record(self, body: JSON, request: web.Request, *, unexpected: bool) -> None:

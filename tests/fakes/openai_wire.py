@@ -7,9 +7,10 @@ Nothing here knows about scripts, gates or the running server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,10 @@ class Answer:
     status: int = 200
     error_message: str = ""
     retry_after: float | None = None
+    pieces: tuple[str, ...] | None = None
+    """The content's pieces when streamed (default: a few equal fragments)."""
+    whole: bool = False
+    """Answer with one JSON body even when the request asked for a stream (some proxies)."""
 
     @property
     def finish_reason(self) -> str:
@@ -58,6 +63,27 @@ class Answer:
 
 MakeCall = Callable[[str, Any, "str | None"], ToolCall]
 """Builds a tool call from `(name, arguments, id or None)`; the server numbers missing ids."""
+
+
+class Gate:
+    """Holds the answers scripted with it until `release()`; unreleased, they never come.
+
+    One gate may hold several answers (and a default responder's every answer); one
+    `release()` lets them all go, and answers taken after it are not held.
+    """
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+
+    def release(self) -> None:
+        self._open.set()
+
+    @property
+    def released(self) -> bool:
+        return self._open.is_set()
+
+    async def wait(self) -> None:
+        await self._open.wait()
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -172,7 +198,8 @@ def stream_deltas(answer: Answer) -> list[JSON]:
     """The `delta` objects OpenAI sends for this answer, before the finishing chunk."""
     if not answer.tool_calls:
         first: JSON = {"role": "assistant", "content": "", "refusal": None}
-        return [first, *({"content": piece} for piece in _split(answer.content or ""))]
+        pieces = answer.pieces if answer.pieces is not None else _split(answer.content or "")
+        return [first, *({"content": piece} for piece in pieces)]
     deltas: list[JSON] = []
     for index, call in enumerate(answer.tool_calls):
         opening: JSON = {
@@ -224,14 +251,19 @@ def stream_events(
     return events
 
 
-async def send_stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
-    """Send `events` as a `text/event-stream` response, one write each."""
+async def send_stream(request: web.Request, events: list[bytes], *,
+                      pause: Callable[[int], Awaitable[None]] | None = None,
+                      ) -> web.StreamResponse:
+    """Send `events` as a `text/event-stream` response, one write each; `pause(i)` is awaited
+    before event `i` is written (a test holds the stream between pieces)."""
     response = web.StreamResponse(
         status=200,
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
     )
     await response.prepare(request)
-    for data in events:
+    for i, data in enumerate(events):
+        if pause is not None:
+            await pause(i)
         await response.write(data)
     await response.write_eof()
     return response

@@ -19,6 +19,16 @@ from aiohttp import web
 from tests.fakes.telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes.telegram_state import JSON, MAX_DOWNLOAD, TEXT_LIMIT, Failure, Sent, TelegramState
 
+REACTION_EMOJI = frozenset((
+    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 "
+    "🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 "
+    "❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 🤨 😐 🍓 "
+    "🍾 💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 "
+    "😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 "
+    "🆒 💘 🙉 🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ "
+    "😡 ").split())
+"""The emoji a bot may react with (``ReactionTypeEmoji``); Telegram refuses others."""
+
 
 class ApiError(Exception):
     """A Bot API error: ``error_code``, ``description`` and optional ``parameters``."""
@@ -275,6 +285,41 @@ class TelegramMethods(TelegramState):
         sent.edits.append(sent.text)
         sent.text, sent.raw = text, params.get("text", "")
         return self._message_json(sent)
+
+    async def _m_sendMessageDraft(self, params: JSON, files: JSON) -> bool:
+        """Bot API 9.3: a draft in a private chat, animated while it grows; it leaves
+        nothing in the chat. ``drafts_offered = False`` plays a server without it."""
+        if not self.drafts_offered:
+            raise ApiError(404, "Not Found: method not found")
+        chat_id = self._chat(params)
+        if self.chats[chat_id].get("type") != "private":
+            raise ApiError(400, "Bad Request: drafts can be sent to private chats only")
+        if not int(params.get("draft_id") or 0):
+            raise ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = self._visible(params.get("text", ""), params.get("parse_mode"))
+        self.drafts.append((chat_id, int(params["draft_id"]), text))
+        return True
+
+    async def _m_deleteMessage(self, params: JSON, files: JSON) -> bool:
+        chat_id = self._chat(params)
+        message_id = int(params.get("message_id") or 0)
+        sent = next((s for s in self.sent if s.chat_id == chat_id and
+                     s.message_id == message_id), None)
+        if sent is None:
+            raise ApiError(400, "Bad Request: message to delete not found")
+        self.sent.remove(sent)
+        self.deleted.append(sent)
+        return True
+
+    async def _m_setMessageReaction(self, params: JSON, files: JSON) -> bool:
+        chat_id = self._chat(params)
+        message_id = int(params.get("message_id") or 0)
+        kinds = json.loads(params.get("reaction") or "[]")
+        emoji = [r["emoji"] for r in kinds if r.get("type") == "emoji"]
+        if any(e not in REACTION_EMOJI for e in emoji):
+            raise ApiError(400, "Bad Request: REACTION_INVALID")
+        self.reactions.append((chat_id, message_id, emoji))
+        return True
 
     async def _send_file(self, method: str, field_name: str, params: JSON, files: JSON) -> JSON:
         chat_id = self._chat(params)

@@ -96,6 +96,12 @@ class TelegramState:
         self.gone_calls: dict[str, int] = {}
         """Calls per method that found the API gone."""
         self._malformed: dict[str, deque[str]] = {}
+        self.drafts: list[tuple[int, int, str]] = []
+        """Drafts shown (``sendMessageDraft``): chat, draft id, visible text."""
+        self.drafts_offered = True
+        self.deleted: list[Sent] = []
+        self.reactions: list[tuple[int, int, list[str]]] = []
+        """``setMessageReaction`` calls: chat, message, the emoji set (empty: removed)."""
 
     @property
     def root(self) -> str:

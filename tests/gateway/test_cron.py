@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from gateway.cron import CronScheduler
-from gateway.kernel.bus import MessageBus
+from gateway.kernel.bus import MessageBus, NotStored
 from gateway.kernel.cron_jobs import CronJob, CronJobs, NewJob, reminder_key
-from gateway.kernel.events import OutboundMessage
+from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.schedule import Schedule, ScheduleError
 from gateway.kernel.store import Store
+from tests.e2e.waiting import until
 from tests.fakes.clock import FakeClock
 
 START = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)  # a Monday; 09:00 in Berlin (UTC+1)
@@ -278,3 +279,31 @@ async def test_a_job_written_by_another_process_is_picked_up_by_polling(rig: Rig
     await rig.advance(5)  # the poll finds it due at 08:01 UTC
     await rig.advance(55)
     assert [m.text for m in rig.sent()] == ["from the CLI"]
+
+
+class _Unstorable(MessageBus):
+    """The inbox refuses, as when the database file is gone or the disk full."""
+
+    async def publish_inbound(self, msg: InboundMessage) -> bool:
+        raise NotStored("the database file is gone")
+
+
+async def test_a_task_the_inbox_cannot_store_is_a_failed_run_in_one_line(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig(store)
+    rig.scheduler.bus = rig.bus = _Unstorable()
+    await rig.scheduler.start()
+    try:
+        await rig.clock.settled(1)
+        job = await rig.add("5m", job="task", message="Summarise the news")
+        await rig.advance(300)
+        await until(lambda: any("could not run" in r.getMessage() for r in caplog.records),
+                    "the warning")
+        await rig.clock.settled(1)  # the scheduler sleeps again: the run is recorded
+        [listed] = await rig.jobs.jobs()
+        assert listed.id == job.id and listed.last is not None
+        assert (listed.last.status, listed.last.detail) == ("failed",
+                                                            "the database file is gone")
+        assert all(r.exc_info is None for r in caplog.records)  # a line, not a traceback
+    finally:
+        await rig.scheduler.stop()

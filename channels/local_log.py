@@ -1,0 +1,79 @@
+"""The local channel's replies, kept in the database: ``seq`` is durable and monotonic across
+restarts, so a client that passes ``next`` back as ``after`` (as the README says) never misses
+a reply, and replies not yet read when the gateway stopped are there after the start.
+
+``seq`` is the table's ``AUTOINCREMENT`` key: SQLite never hands out a number twice, even after
+old rows are pruned. A reply is written here before the channel reports it delivered (so the
+outbox sends it again when this write fails), once per idempotency key. The newest
+``MAX_KEPT`` replies are kept; the channel holds the same window in memory for its readers.
+
+Separate from ``local.py`` (the channel, its in-memory window and HTTP handlers) so the
+storage reads, and merges, on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import Migration, TableSet, register, twin
+
+MAX_KEPT = 5000
+PRUNE_EVERY = 500
+"""Rows past ``MAX_KEPT`` are deleted every this many replies (not on each one)."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS local_replies (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    record TEXT NOT NULL
+);
+"""
+SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
+"""PostgreSQL's twin: the same table, a BIGSERIAL ``seq`` (never handed out twice either)."""
+TABLES = register(TableSet("local_log", (Migration(1, SCHEMA, SCHEMA_PG),), ("local_replies",),
+                           generated_ids={"local_replies": "seq"}))
+_LAST_SEQ = twin("SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'",
+                 "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+                 "FROM local_replies_seq_seq")
+
+
+class ReplyLog:
+    def __init__(self, store: Database) -> None:
+        self._store = store
+
+    async def setup(self) -> None:
+        await self._store.migrate(TABLES)
+
+    async def load(self, limit: int = MAX_KEPT) -> list[dict[str, Any]]:
+        """The newest ``limit`` records, oldest first, each with its ``seq``."""
+        rows = await self._store.fetchall(
+            "SELECT seq, record FROM local_replies ORDER BY seq DESC LIMIT ?", (limit,))
+        return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
+
+    async def last_seq(self) -> int:
+        """The highest ``seq`` ever handed out (kept by SQLite even when its row is gone)."""
+        row = await self._store.fetchone(_LAST_SEQ)
+        return int(row[0]) if row else 0
+
+    async def add(self, key: str, record: dict[str, Any]) -> tuple[int, bool]:
+        """Store ``record`` (without its seq) once per ``key``: ``(seq, True)`` when new, the
+        earlier seq and False when ``key`` was stored before."""
+        body = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        async with self._store.transaction() as db:
+            async with db.execute("SELECT seq FROM local_replies WHERE idempotency_key = ?",
+                                  (key,)) as found:
+                row = await found.fetchone()
+            if row is not None:  # looked up first: a refused INSERT would use up a number
+                return int(row[0]), False
+            cursor = await db.execute(
+                "INSERT INTO local_replies (chat_id, idempotency_key, record) VALUES (?, ?, ?)",
+                (record["chat_id"], key, body))
+            seq = cursor.lastrowid
+            await cursor.close()
+            assert seq is not None
+            if seq % PRUNE_EVERY == 0:
+                await db.execute("DELETE FROM local_replies WHERE seq <= ?", (seq - MAX_KEPT,))
+        return int(seq), True
