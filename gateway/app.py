@@ -104,6 +104,7 @@ class Gateway:
         exec_probe = asyncio.create_task(self._resolve_exec(), name="exec-sandbox-probe")
         try:
             self.prepare_workspace()
+            self.config.data_path.mkdir(parents=True, exist_ok=True)  # media, on PostgreSQL too
             self.store = await Store.open(self.config.store_target)
             self.bus.attach_store(self.store, self.config.channels.delivery.ttl)
             self._dead_before = (await self.store.outbox_counts())["dead"]
@@ -300,8 +301,8 @@ class Gateway:
             f"channel {name}: {c['state']}" + (f": {c['reason']}" if c["reason"] else "")
             for name, c in channels.items() if c["state"] != "connected")]
         cluster = self.cluster_worker.health() if self.cluster_worker else None
-        if cluster is not None and not cluster["taking_work"]:
-            reasons.append(f"cluster: {cluster.get('problem') or 'not taking work'}")
+        if cluster is not None and cluster.get("problem"):
+            reasons.append(f"cluster: {cluster['problem']}")
         return {
             "status": "degraded" if reasons else "ok",
             "reasons": reasons,

@@ -42,6 +42,7 @@ class ClusterWorker:
         takes the leader lease of its name, at start or when its holder died."""
         self.leading: set[str] = set()
         self._wake = asyncio.Event()
+        self._waiting = False
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -84,17 +85,19 @@ class ClusterWorker:
         for msg in claimed.inbound:
             await self.bus.enqueue_claimed(msg)
         self.claimed += len(claimed.inbound)
+        self._waiting = claimed.waiting
         if claimed.outbound:
             await self.manager.resend(claimed.outbound)
 
     async def _listen(self) -> None:
-        while True:
-            await self.cluster.wait(None)
+        async for _ in self.cluster.notifications():
             self._wake.set()
 
     async def _claims(self) -> None:
         while True:
             left = await self.cluster.next_expiry()
+            if self._waiting:  # another process's chats have work: look again within a lease
+                left = min(left if left is not None else self.cluster.lease, self.cluster.lease)
             try:
                 await asyncio.wait_for(self._wake.wait(), None if left is None else left + 0.05)
             except TimeoutError:

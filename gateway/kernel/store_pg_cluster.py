@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -113,6 +114,8 @@ _CLAIM_OUTBOX = (
 class Claimed:
     inbound: list[InboundMessage]
     outbound: list[PendingOutbound]
+    waiting: bool = False
+    """Messages wait in chats another live process holds (look again when its lease ends)."""
 
 
 def process_id() -> str:
@@ -164,9 +167,10 @@ class ClusterStore:
         over (oldest first), and replies left undelivered by dead processes."""
         me, channels = self.me, self.channels
 
-        def claim(db: Any) -> tuple[list[Any], list[Any]]:
+        def claim(db: Any) -> tuple[list[Any], list[Any], bool]:
             chats = sorted(tuple(r) for r in db.execute(_CANDIDATES, (channels,)).fetchall())
             taken: list[Any] = []
+            held: list[Any] = []
             if chats:
                 # the lease rows stay locked until this transaction ends: while this process
                 # claims a chat's messages, no other can (it waits on the lease), so a chat's
@@ -178,13 +182,13 @@ class ClusterStore:
                     taken = db.execute(_CLAIM, (me, [c[0] for c in held],
                                                 [c[1] for c in held])).fetchall()
             out = db.execute(_CLAIM_OUTBOX, (me, channels)).fetchall()
-            return sorted(taken), sorted(out)
+            return sorted(taken), sorted(out), bool(chats) and len(held) < len(chats)
 
-        taken, out = await self.store._write(claim)
+        taken, out, waiting = await self.store._write(claim)
         return Claimed(
             [InboundMessage.from_dict(json.loads(r[1])) for r in taken],
             [PendingOutbound(OutboundMessage.from_dict(json.loads(r[1])), r[2],
-                             datetime.fromisoformat(r[3])) for r in out])
+                             datetime.fromisoformat(r[3])) for r in out], waiting)
 
     async def lead(self, name: str) -> bool:
         """Hold the leader lease ``name`` (one process at a time: the schedules); True when
@@ -225,11 +229,12 @@ class ClusterStore:
         self._listen = await psycopg.AsyncConnection.connect(self.store.url, autocommit=True)
         await self._listen.execute("LISTEN parley_inbox")
 
-    async def wait(self, timeout: float | None) -> None:  # noqa: ASYNC109 - a lease's end
-        """Until another process (or this one) stored an inbound message, or ``timeout``."""
+    async def notifications(self) -> AsyncIterator[None]:
+        """Each time a process (this one too) stored an inbound message. One generator for
+        the connection's life: none is missed between two waits."""
         assert self._listen is not None
-        async for _ in self._listen.notifies(timeout=timeout, stop_after=1):
-            pass
+        async for _ in self._listen.notifies():
+            yield None
 
     async def close(self) -> None:
         for conn in (self._listen, self._beat):
