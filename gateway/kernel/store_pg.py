@@ -10,7 +10,6 @@ manager, like aiosqlite's. Statements are rewritten once per text by ``store_sql
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -20,7 +19,7 @@ import psycopg
 
 from gateway.kernel.store import Store
 from gateway.kernel.store_schema import CORE
-from gateway.kernel.store_sql import TableSet, hide_password, to_postgres
+from gateway.kernel.store_sql import TableSet, hide_password, postgres_ddl, to_postgres
 
 T = TypeVar("T")
 
@@ -206,7 +205,7 @@ class PgStore(Store):
                 await self._call(lambda c: c.execute("COMMIT"))
 
     async def ensure_schema(self, sql: str, *, postgres: str | None = None) -> None:
-        text = postgres if postgres is not None else sqlite_ddl_to_postgres(sql)
+        text = postgres if postgres is not None else postgres_ddl(sql)
         async with self._write_lock:
             await self._call(lambda c: self._conn.execute(text))  # type: ignore[arg-type]
 
@@ -239,12 +238,3 @@ class PgStore(Store):
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         cur = await self._call(lambda c: c.execute(sql, params))
         return cur.fetchall()
-
-
-def sqlite_ddl_to_postgres(sql: str) -> str:
-    """A module's SQLite DDL read mechanically as PostgreSQL's (a stopgap for tables whose
-    twin is not written yet: ``ensure_schema`` without ``postgres=``)."""
-    out = re.sub(r"INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY", sql)
-    out = re.sub(r"\bINTEGER\b", "BIGINT", out)
-    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", out)
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import aiosqlite
 
-from gateway.kernel.store_sql import Migration, TableSet, register
+from gateway.kernel.store_sql import Migration, TableSet, postgres_ddl, register
 
 SCHEMA_VERSION = 1
 
@@ -139,132 +139,8 @@ CREATE TABLE IF NOT EXISTS compactions (
 CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
 """
 
-SCHEMA_PG = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id BIGSERIAL PRIMARY KEY,
-    key TEXT NOT NULL,
-    active INTEGER NOT NULL DEFAULT 1,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    message_count BIGINT NOT NULL DEFAULT 0,
-    last_context_tokens BIGINT
-);
-CREATE UNIQUE INDEX IF NOT EXISTS sessions_active_key ON sessions(key) WHERE active = 1;
-CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key, id);
-
-CREATE TABLE IF NOT EXISTS messages (
-    id BIGSERIAL PRIMARY KEY,
-    session_id BIGINT NOT NULL REFERENCES sessions(id),
-    turn_id TEXT NOT NULL,
-    role TEXT NOT NULL,
-    body TEXT NOT NULL,
-    tokens BIGINT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_session ON messages(session_id, id);
-
-CREATE TABLE IF NOT EXISTS turns (
-    id TEXT PRIMARY KEY,
-    session_id BIGINT NOT NULL REFERENCES sessions(id),
-    inbound_id TEXT,
-    status TEXT NOT NULL,
-    error TEXT,
-    started_at TEXT NOT NULL,
-    finished_at TEXT
-);
-CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
-
-CREATE TABLE IF NOT EXISTS llm_calls (
-    id BIGSERIAL PRIMARY KEY,
-    turn_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    prompt_tokens BIGINT NOT NULL,
-    completion_tokens BIGINT NOT NULL,
-    latency_ms DOUBLE PRECISION NOT NULL,
-    attempts BIGINT NOT NULL,
-    created_at TEXT NOT NULL,
-    session_id BIGINT,
-    person TEXT,
-    chat TEXT,
-    trust TEXT,
-    cost DOUBLE PRECISION NOT NULL DEFAULT 0,
-    day TEXT,
-    kind TEXT NOT NULL DEFAULT 'chat',
-    audio_seconds DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
-CREATE INDEX IF NOT EXISTS llm_calls_person_day ON llm_calls(person, day);
-
-CREATE TABLE IF NOT EXISTS limit_notices (
-    scope TEXT NOT NULL,
-    period TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (scope, period)
-);
-
-CREATE TABLE IF NOT EXISTS conversation_models (
-    session_key TEXT PRIMARY KEY,
-    alias TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-
-CREATE TABLE IF NOT EXISTS context_snapshots (
-    turn_id TEXT PRIMARY KEY,
-    session_id BIGINT NOT NULL REFERENCES sessions(id),
-    created_at TEXT NOT NULL,
-    context_hash TEXT NOT NULL,
-    total_tokens BIGINT NOT NULL,
-    detail TEXT NOT NULL,
-    seq BIGSERIAL
-);
-CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
-
-CREATE TABLE IF NOT EXISTS layer_texts (
-    hash TEXT PRIMARY KEY,
-    text TEXT NOT NULL
-);
-
-CREATE TABLE IF NOT EXISTS inbox (
-    id BIGSERIAL PRIMARY KEY,
-    channel TEXT NOT NULL,
-    chat_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',
-    received_at TEXT NOT NULL,
-    done_at TEXT,
-    UNIQUE (channel, chat_id, message_id)
-);
-CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(id) WHERE status = 'pending';
-
-CREATE TABLE IF NOT EXISTS outbox (
-    id BIGSERIAL PRIMARY KEY,
-    idempotency_key TEXT NOT NULL UNIQUE,
-    channel TEXT NOT NULL,
-    chat_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',
-    attempts BIGINT NOT NULL DEFAULT 0,
-    last_error TEXT,
-    created_at TEXT NOT NULL,
-    expires_at TEXT NOT NULL,
-    delivered_at TEXT
-);
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(id) WHERE status = 'pending';
-
-CREATE TABLE IF NOT EXISTS compactions (
-    id BIGSERIAL PRIMARY KEY,
-    session_id BIGINT NOT NULL REFERENCES sessions(id),
-    summary TEXT NOT NULL,
-    summary_tokens BIGINT NOT NULL,
-    first_kept_id BIGINT NOT NULL,
-    tokens_before BIGINT NOT NULL,
-    messages_summarised BIGINT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
-"""
+SCHEMA_PG = postgres_ddl(SCHEMA).replace(
+    "    detail TEXT NOT NULL\n);", "    detail TEXT NOT NULL,\n    seq BIGSERIAL\n);")
 """PostgreSQL's twin of ``SCHEMA``: BIGSERIAL for AUTOINCREMENT, BIGINT and DOUBLE PRECISION
 for SQLite's INTEGER and REAL, timestamps kept as ISO text (compared as text, as on SQLite);
 ``context_snapshots.seq`` stands in for SQLite's ``rowid`` order."""

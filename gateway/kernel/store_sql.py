@@ -106,6 +106,17 @@ def to_postgres(sql: str) -> tuple[str, bool]:
     return out.replace("?", "%s") + tail, returning
 
 
+def postgres_ddl(sqlite: str) -> str:
+    """SQLite DDL in PostgreSQL's types, for tables whose twin differs only there:
+    BIGSERIAL for ``INTEGER PRIMARY KEY AUTOINCREMENT``, BIGINT for INTEGER (64-bit, as
+    SQLite's), DOUBLE PRECISION for REAL; ``WITHOUT ROWID`` dropped. Anything more is written
+    out by hand beside the SQLite DDL."""
+    out = re.sub(r"INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY", sqlite)
+    out = re.sub(r"\bINTEGER\b", "BIGINT", out)
+    out = re.sub(r"\bREAL\b", "DOUBLE PRECISION", out)
+    return re.sub(r"\)\s*WITHOUT ROWID", ")", out, flags=re.IGNORECASE)
+
+
 def is_postgres_url(target: object) -> bool:
     """The ``database`` setting names PostgreSQL (``postgresql://`` or ``postgres://``)."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
