@@ -17,9 +17,13 @@ from typing import Any, Self, TypeVar
 
 import psycopg
 
-from gateway.kernel.store import Store
+from gateway.kernel.store_queues import QueueTables
 from gateway.kernel.store_schema import CORE
+from gateway.kernel.store_search import SearchTables
+from gateway.kernel.store_sessions import SessionTables
+from gateway.kernel.store_snapshots import SnapshotTables
 from gateway.kernel.store_sql import TableSet, hide_password, postgres_ddl, to_postgres
+from gateway.kernel.store_usage import UsageTables
 
 T = TypeVar("T")
 
@@ -137,8 +141,9 @@ class AsyncConnection:
         return cur.fetchall()
 
 
-class PgStore(Store):
-    """``Store`` on PostgreSQL. Open with ``await Store.open("postgresql://...")``."""
+class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTables):
+    """``Store`` on PostgreSQL (the same tables' classes, this connection under them; not a
+    subclass of ``Store``, which opens it: ``await Store.open("postgresql://...")``)."""
 
     dialect = "postgresql"
     claims_inbound = True
