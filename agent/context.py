@@ -22,6 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
+from agent.json_memo import IdentityMemo
 from agent.snapshots import text_hash
 from agent.system_prompt import (
     BUILTIN_SKILLS,
@@ -366,7 +367,18 @@ def _sent_as_image(media: Media) -> bool:
     return media.kind == "image" and media.path is not None and media.text is None
 
 
+_message_text = IdentityMemo(
+    lambda message: json.dumps(message, sort_keys=True, ensure_ascii=False).encode())
+
+
 def context_hash(messages: list[dict[str, Any]]) -> str:
-    """The fingerprint of exactly what the model is sent (stable key order)."""
-    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
-                          .encode()).hexdigest()
+    """The fingerprint of exactly what the model is sent (stable key order): the SHA-256 of
+    ``json.dumps(messages, sort_keys=True, ensure_ascii=False)``, fed a message at a time so
+    the history's messages are serialised once, not on every turn (issue 24)."""
+    digest = hashlib.sha256(b"[")
+    for i, message in enumerate(messages):
+        if i:
+            digest.update(b", ")
+        digest.update(_message_text(message))
+    digest.update(b"]")
+    return digest.hexdigest()

@@ -23,6 +23,7 @@ from agent.assembly import ContextAssembly
 from agent.budget import WINDOW_KEY, TokenCounter
 from agent.commands import IMMEDIATE, CommandInfo, parse_command, refused, run_command
 from agent.compacting import SessionCompaction
+from agent.compacting_background import BackgroundCompaction
 from agent.compaction import Compactor
 from agent.context import BUILTIN_SKILLS, ContextBuilder
 from agent.errors import AgentError
@@ -84,14 +85,17 @@ class AgentLoop:
             assembly=self.assembly, compactor=Compactor(provider, store, self.counter,
                                                         config.agent.context.compaction),
             ledger=self.ledger)
+        self._tasks = TaskSet()
+        self.background = BackgroundCompaction(self.compaction, store, self._tasks,
+                                               config.agent.context.max_recent_messages)
         self.turns = TurnFlow(
             config=config, bus=bus, store=store, recorder=self.recorder,
             runner=Runner(provider, registry, max_iterations=config.agent.max_iterations,
                           max_result_chars=config.agent.tools.max_result_chars),
             assembly=self.assembly, compaction=self.compaction, replies=self.replies,
             stats=self.stats, services=self._with_search(services),
-            ledger=self.ledger, limits=self.limits, models=self.models, media=self.media)
-        self._tasks = TaskSet()
+            ledger=self.ledger, limits=self.limits, models=self.models, media=self.media,
+            background=self.background)
         self.lanes = Lanes(config=config.agent, tasks=self._tasks, handle=self.handle,
                            on_queued=lambda msg: stage(bus, [msg], "queued"))
         self._dispatcher: asyncio.Task[None] | None = None

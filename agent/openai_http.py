@@ -28,6 +28,7 @@ from agent.errors import (
     ProviderError,
     ProviderUnavailable,
 )
+from agent.json_memo import IdentityMemo
 from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -120,7 +121,7 @@ class OpenAIHTTP:
     async def _post(self, body: dict[str, Any], model: str,
                     on_text: Callable[[str], None] | None) -> LLMResponse:
         started = time.perf_counter()
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        data = encode_body(body)
         try:
             async with self._client().post(self.url, data=data, headers=self._headers) as resp:
                 if resp.status >= 400:
@@ -327,3 +328,28 @@ def _status_error(status: int | None, raw: bytes, headers: Any, model: str) -> P
         return ProviderBadRequest(text, model=model)
     detail = f"server error {status}" if status else f"the server reported an error: {text}"
     return ProviderUnavailable(detail, model=model, cause="server_error")
+
+
+# -- the request body, each history message serialised once (issue 24) ------------------------
+
+_part = IdentityMemo(
+    lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """``body`` as compact JSON (the messages first): the history's messages and the tool list
+    come from what earlier turns serialised, the rest is serialised now."""
+    if not isinstance(body.get("messages"), list):
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    messages, tools = body["messages"], body.get("tools")
+    rest = {k: v for k, v in body.items() if k not in ("messages", "tools")}
+    out = [b'{"messages":[', b",".join(_part(m) for m in messages), b"]"]
+    if tools is not None:
+        out += [b',"tools":', _part(tools)]
+    tail = json.dumps(rest, ensure_ascii=False, separators=(",", ":")).encode()
+    if len(tail) > 2:
+        out += [b",", tail[1:]]
+    else:
+        out.append(b"}")
+    return b"".join(out)
+

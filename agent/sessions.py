@@ -10,6 +10,7 @@ from agent.budget import TokenCounter
 from agent.runner import RunResult
 from agent.usage import Ledger
 from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.snapshot_frame import fold
 from gateway.kernel.store import LLMCallRecord, NewMessage, Store, UsageTags
 
 
@@ -53,10 +54,12 @@ class SessionRecorder:
             calls = self.ledger.calls(result.responses) if self.ledger is not None else [
                 LLMCallRecord(r.model, r.prompt_tokens, r.completion_tokens, r.latency_ms,
                               r.attempts) for r in result.responses]
+        snapshot, texts = fold(turn.snapshot, turn.texts) if turn.snapshot is not None \
+            else (None, turn.texts)
         await self.store.save_turn(
             session_id=turn.session_id, turn_id=turn.turn_id, inbound_id=turn.inbound_id,
             messages=messages, status=status, error=error, calls=calls,
-            snapshot=turn.snapshot, texts=turn.texts, started_at=turn.started_at,
+            snapshot=snapshot, texts=texts, started_at=turn.started_at,
             done=turn.sources,
             outbound=outbound, usage=turn.usage, index=turn.index)
         if self.ledger is not None and turn.usage is not None:

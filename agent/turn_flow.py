@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.assembly import ContextAssembly
 from agent.compacting import SessionCompaction
+from agent.compacting_background import BackgroundCompaction
 from agent.compaction import CompactionFailed
 from agent.context import BuiltContext, TurnState
 from agent.errors import ProviderContextTooLarge, ProviderError
@@ -30,6 +30,7 @@ from agent.lanes import Lane
 from agent.limits import Limits, Verdict
 from agent.media import MediaStep
 from agent.model_choice import ModelChoice
+from agent.prompt_cut import PromptCutWarning
 from agent.queueing import Work
 from agent.replies import Replies, nowhere, outbound
 from agent.runner import Runner, RunResult
@@ -55,11 +56,6 @@ from gateway.kernel.streams import Outcome, ReplyStream, stream_key
 _log = logging.getLogger(__name__)
 
 STEERED_PREFIX = "[New message while you were working]"
-PROMPT_CUT_MIN = 1000
-PROMPT_CUT_SHARE = 0.6
-"""A server that reports fewer prompt tokens than this share of what was sent is cutting the
-prompt (tokenizers differ by ±20 %, not by 40 %)."""
-PROMPT_CUT_EVERY = 600.0
 CONTEXT_BUILD_ERROR = "context_build_error"
 CONTEXT_ERROR_CHARS = 200
 
@@ -89,6 +85,8 @@ class _Turn:
     state: TurnState
     stream: ReplyStream | None = None
     """The reply shown while it is written (None: the chat's channel shows nothing live)."""
+    after: str | None = None
+    """What to start in the background once answered: "compact", "flush" or nothing."""
     built: BuiltContext = field(init=False)
     record: TurnRecord = field(init=False)
     hooks: _Hooks = field(init=False)
@@ -179,7 +177,8 @@ class TurnFlow:
                  compaction: SessionCompaction, replies: Replies, stats: TurnStats,
                  services: Callable[[InboundMessage], TurnServices],
                  ledger: Ledger | None = None, limits: Limits | None = None,
-                 models: ModelChoice | None = None, media: MediaStep | None = None) -> None:
+                 models: ModelChoice | None = None, media: MediaStep | None = None,
+                 background: BackgroundCompaction) -> None:
         self.config = config
         self.bus = bus
         self.store = store
@@ -194,8 +193,9 @@ class TurnFlow:
         self.limits = limits
         self.models = models
         self.media = media
+        self.background = background
         self.workspace = config.workspace_path  # resolved once, not on every turn
-        self._prompt_cut_said = -PROMPT_CUT_EVERY
+        self.prompt_cut = PromptCutWarning(self.stats)
         self.ends = TurnEnds(recorder, store)
 
     async def run(self, work: Work, lane: Lane | None) -> None:
@@ -234,8 +234,11 @@ class TurnFlow:
                 else:  # shutdown: nothing stored, answered after the next start
                     outcome = "shutdown"
                 raise
-            self._warn_if_prompt_cut(turn.built, result)
+            self.prompt_cut.check(turn.built, result)
             outcome = await self._record_and_deliver(turn, result)
+            if turn.after is not None:  # answered: the summary is made for the next turn
+                self.background.start(turn.ctx, turn.compaction,
+                                      flush_only=turn.after == "flush")
         finally:
             if turn.stream is not None:
                 turn.stream.close(outcome)
@@ -290,16 +293,20 @@ class TurnFlow:
                                            done.calls)
 
     async def _build_context(self, turn: _Turn) -> None:
-        """The stored history built into messages; compacted first when it no longer fits."""
+        """The stored history built into messages. Summarised first only when it cannot fit
+        otherwise; past ``compact_at_share`` the summary (and the memory flush before it)
+        is made in the background once the turn has answered (``compacting_background``)."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         built = self.assembly.build(turn.msg, history, turn.compaction,
                                     turn_id=turn.ctx.turn_id, state=turn.state)
         due = self.compaction.due(built, more, turn.compaction, turn.ctx.session_id) \
             if self.compaction.enabled else None
-        if due == "compact" and await self._compact_before(turn):
-            built = await self._rebuild(turn)
-        elif due == "flush":
-            await self.compaction.flush_early(turn.ctx, turn.compaction)
+        if due == "compact" and self.background.must_wait(built, more):
+            if await self._compact_before(turn):
+                built = await self._rebuild(turn)
+        elif self.compaction.enabled:
+            turn.after = due or ("compact" if self.background.approaching(built, len(history))
+                                 else None)
         self._try_with(turn, built)
 
     async def _run_tools(self, turn: _Turn) -> RunResult:
@@ -390,10 +397,16 @@ class TurnFlow:
     # parts of the steps -------------------------------------------------------------------
 
     async def _compact_before(self, turn: _Turn) -> bool:
-        """Summarise the oldest part before the turn. When that fails the oldest messages
-        are left out of this answer, and the chat is told so in one line."""
+        """Summarise the oldest part before the turn (the chat sees it in progress). When that
+        fails the oldest messages are left out of this answer, and the chat is told so."""
+        if turn.stream is not None:
+            turn.stream.set_status("summarising the earlier conversation")
+        if not nowhere(turn.msg):
+            await self.bus.publish_outbound(outbound(
+                turn.msg, "summarising the earlier conversation", "progress",
+                turn.ctx.turn_id, key="compaction-wait"))
         try:
-            turn.compaction = await self.compaction.before_turn(turn.ctx, turn.compaction)
+            turn.compaction = await self.background.compact_now(turn.ctx, turn.compaction)
         except CompactionFailed as exc:
             _log.warning("compaction of %s failed: %s", turn.msg.session_key, exc)
             await self.bus.publish_outbound(outbound(
@@ -425,22 +438,3 @@ class TurnFlow:
     async def _run_once(self, turn: _Turn) -> RunResult:
         return await self.runner.run(messages=turn.built.messages, ctx=turn.ctx,
                                      hooks=turn.hooks, budget=self.assembly.budget(turn.built))
-
-    def _warn_if_prompt_cut(self, built: BuiltContext, result: RunResult) -> None:
-        """Ollama keeps 4,096 prompt tokens (under 24 GiB of GPU memory) unless told otherwise
-        and silently drops the rest from the start: the system prompt first. The usage it
-        reports gives it away."""
-        if not result.responses:
-            return
-        sent, seen = built.snapshot["total_tokens"], result.responses[0].prompt_tokens
-        now = time.monotonic()
-        if sent < PROMPT_CUT_MIN or not 0 < seen < PROMPT_CUT_SHARE * sent or \
-                now - self._prompt_cut_said < PROMPT_CUT_EVERY:
-            return
-        self._prompt_cut_said = now
-        text = (f"the model server counted {seen:,} prompt tokens where Parley sent about "
-                f"{sent:,}: it is probably cutting the prompt, instructions first. Raise its "
-                "context length (Ollama: OLLAMA_CONTEXT_LENGTH, often 4096 by default) or set "
-                "agent.context.max_context_tokens to what it keeps")
-        _log.warning("%s", text)
-        self.stats.error(text)

@@ -5,7 +5,8 @@ requests the gateway really sent (same messages, same tool schemas, the keyword 
 ``agent/provider.py`` passes): its first "hello" (also streamed), the last request of the
 plain-turn series (a full history window, what a median turn sends) and both requests of a
 one-tool turn. Beside them: a one-message request (the issue's "bare litellm call") and a bare
-aiohttp POST of the hello body (the HTTP round trip under it all). Each after a warm-up.
+aiohttp POST of the hello body and of the plain series' last request (the HTTP round trip under
+it all, which is what the direct route does: the raw floor). Each after a warm-up.
 
 Why replay: the OpenAI SDK under litellm's ``openai/`` provider transforms every message of
 a request in Python, so a call's cost grows with the history it carries; a floor measured
@@ -87,6 +88,7 @@ async def measure(api_base: str, *, hello: dict[str, Any], plain: dict[str, Any]
         "one_message_streamed": summary_ms(await bare_calls(api_base, tiny, None, n,
                                                             stream=True)),
         "bare_http_hello": summary_ms(await bare_http(api_base, hello, n)),
+        "bare_http_plain_turn": summary_ms(await bare_http(api_base, plain, n)),
         "plain_turn_request": {**await replay(plain), "messages": len(plain["messages"])},
         "tool_turn_requests": [{**f, "messages": len(b["messages"])}
                                for f, b in zip(tool_floors, tool, strict=True)],

@@ -12,6 +12,7 @@ failed, never as done.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ def _result(tally: _Tally, wall: float, cpu: dict[str, float], **extra: Any) -> 
     ours = sum(cpu.values())
     return {**extra, "turns_done": tally.done, "turns_failed": tally.failed,
             "others_cpu_cores": round(max(machine - ours, 0.0) / wall, 2),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
             "errors": tally.errors, "wall_s": round(wall, 3),
             "turns_per_s": round(tally.done / wall, 1) if wall else None,
             "latency": summary_ms(tally.latencies),

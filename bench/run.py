@@ -29,7 +29,7 @@ from bench import (
     stream_latency,
 )
 from bench.client import LocalClient, expect
-from bench.gateway_db import llm_latencies
+from bench.gateway_db import llm_latencies, split_by_compaction
 from bench.load import concurrent_chats
 from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pinning
 from bench.report import checks, noise, print_table, write_json
@@ -146,6 +146,9 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 turns[kind] = await series(client, gateway, server, chat, prefix, sizes.turns)
                 calls = llm_latencies(gateway.root / "data" / "parley.db", f"local:{chat}")
                 turns[kind]["gateway_llm_call"] = calls
+                turns[kind]["compaction_split"] = split_by_compaction(
+                    turns[kind]["samples_ms"], calls.pop("per_turn_calls") if calls else None,
+                    plain_calls=1 if kind == "plain" else 2)
                 turns[kind]["first_vs_last_split"] = split_by_model_call(
                     turns[kind], calls.pop("per_turn_ms") if calls else None)
                 # Item 2 again in fresh sessions: on a shared machine a burst of someone

@@ -21,6 +21,7 @@ def summary_ms(samples: list[float]) -> dict[str, Any]:
     ms = [s * 1000 for s in samples]
     return {"n": len(ms), "p50_ms": round(percentile(ms, 0.5), 3),
             "p95_ms": round(percentile(ms, 0.95), 3),
+            "p99_ms": round(percentile(ms, 0.99), 3),
             "mean_ms": round(statistics.fmean(ms), 3) if ms else None,
             "min_ms": round(min(ms), 3) if ms else None,
             "max_ms": round(max(ms), 3) if ms else None}

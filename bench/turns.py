@@ -8,11 +8,13 @@ its turns (the model server's and this client's CPU are reported beside it), and
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
 
 from bench.client import LocalClient, expect
+from bench.gateway_db import TRANSIENT, stored_bytes, table_bytes
 from bench.procs import (
     GatewayProcess,
     ModelServer,
@@ -26,6 +28,9 @@ from bench.stats import percentile, summary_ms
 async def series(client: LocalClient, gateway: GatewayProcess, server: ModelServer,
                  chat_id: str, prefix: str, n: int) -> dict[str, Any]:
     latencies: list[float] = []
+    db = gateway.root / "data" / "parley.db"
+    sizes = [stored_bytes(db)]
+    tables: list[dict[str, int] | None] = [None]
     cpu0, srv0, own0 = gateway.cpu(), cpu_seconds(server.pid), own_cpu_seconds()
     busy0 = machine_cpu_seconds()[0]
     started = time.perf_counter()
@@ -34,6 +39,11 @@ async def series(client: LocalClient, gateway: GatewayProcess, server: ModelServ
         seconds, record = await client.turn(chat_id, text)
         expect(record, text)
         latencies.append(seconds)
+        if i == n // 2 - 1:
+            sizes.append(stored_bytes(db))
+            tables = [table_bytes(db)]
+    sizes.append(stored_bytes(db))
+    tables.append(table_bytes(db))
     wall = time.perf_counter() - started
     gw, srv, own = gateway.cpu() - cpu0, cpu_seconds(server.pid) - srv0, own_cpu_seconds() - own0
     others = max(machine_cpu_seconds()[0] - busy0 - gw - srv - own, 0.0) / wall
@@ -57,8 +67,30 @@ async def series(client: LocalClient, gateway: GatewayProcess, server: ModelServ
                             "model_server": round(srv / n * 1000, 2),
                             "client": round(own / n * 1000, 2)},
         "others_cpu_cores": round(others, 2),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "stored_bytes_per_turn": _growth(sizes, n, tables),
         "samples_ms": [round(s * 1000, 3) for s in latencies],
     }
+
+
+def _growth(sizes: list[int | None], n: int,
+            tables: list[dict[str, int] | None]) -> dict[str, Any] | None:
+    """Database growth over the series per turn, and over its second half (steady state: the
+    history window full, compactions recurring); the second half per table, and without the
+    tables retention empties within hours (``kept``)."""
+    if None in sizes or n < 2:
+        return None
+    start, mid, end = (int(x or 0) for x in sizes)
+    half = n - n // 2
+    out: dict[str, Any] = {"all": round((end - start) / n),
+                           "second_half": round((end - mid) / half), "db_bytes_end": end}
+    before, after = tables
+    if before and after:
+        per = {t: round((after.get(t, 0) - before.get(t, 0)) / half) for t in after}
+        out["tables_second_half"] = {t: v for t, v in sorted(per.items(), key=lambda x: -x[1])
+                                     if v}
+        out["kept_second_half"] = sum(v for t, v in per.items() if t not in TRANSIENT)
+    return out
 
 
 def split_by_model_call(series_result: dict[str, Any], model_ms: list[float] | None

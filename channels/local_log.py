@@ -14,6 +14,7 @@ storage reads, and merges, on its own.
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 from gateway.kernel.store_db import Database
@@ -62,18 +63,19 @@ class ReplyLog:
         """Store ``record`` (without its seq) once per ``key``: ``(seq, True)`` when new, the
         earlier seq and False when ``key`` was stored before."""
         body = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-        async with self._store.transaction() as db:
-            async with db.execute("SELECT seq FROM local_replies WHERE idempotency_key = ?",
-                                  (key,)) as found:
-                row = await found.fetchone()
+
+        def write(db: sqlite3.Connection) -> tuple[int, bool]:
+            # one transaction in one hop to the database thread (it was seven: issue 24)
+            row = db.execute("SELECT seq FROM local_replies WHERE idempotency_key = ?",
+                             (key,)).fetchone()
             if row is not None:  # looked up first: a refused INSERT would use up a number
                 return int(row[0]), False
-            cursor = await db.execute(
+            seq = db.execute(
                 "INSERT INTO local_replies (chat_id, idempotency_key, record) VALUES (?, ?, ?)",
-                (record["chat_id"], key, body))
-            seq = cursor.lastrowid
-            await cursor.close()
+                (record["chat_id"], key, body)).lastrowid
             assert seq is not None
             if seq % PRUNE_EVERY == 0:
-                await db.execute("DELETE FROM local_replies WHERE seq <= ?", (seq - MAX_KEPT,))
-        return int(seq), True
+                db.execute("DELETE FROM local_replies WHERE seq <= ?", (seq - MAX_KEPT,))
+            return int(seq), True
+
+        return await self._store.write(write)

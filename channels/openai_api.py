@@ -10,9 +10,8 @@ answers it with the same context, tools, limits and outbox as every chat. The se
 session take turns (each waits for the one before it). The HTTP answer waits for the turn's
 reply to come back through the outbox to ``send``: what the client reads is what was stored.
 
-Streaming: ``Deltas`` is where the streamed text comes from. Today (``whole_reply``) it waits
-for the stored answer and hands it out in pieces; a live source of the turn's text deltas
-plugs in there, with the rest of the stream unchanged.
+Streaming is live (``openai_live``): the turn's text goes out as the model writes it, and
+the stored reply has the last word (the rule is in ``openai_live``'s docstring).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -29,16 +28,17 @@ from aiohttp.typedefs import Middleware
 from channels.base import ChannelBase, ChannelStatus
 from channels.http_api import ApiError, json_errors, listen
 from channels.local_requests import bearer_auth
+from channels.openai_live import LiveAnswer, TurnFailed
 from channels.openai_wire import (
     DEFAULT_MODEL,
     DONE,
     NO_RETRY,
     chunk,
     completion,
+    error_body,
     error_response,
     models_list,
     parse_chat_request,
-    pieces,
     sse,
 )
 from gateway.kernel.bus import BusClosed, MessageBus
@@ -59,26 +59,6 @@ class OpenAIChannelError(Exception):
     """The API cannot listen (address taken, not ours)."""
 
 
-class TurnFailed(Exception):
-    """The turn ended in Parley's error line instead of an answer."""
-
-
-Deltas = Callable[[InboundMessage, "asyncio.Future[OutboundMessage]"], AsyncIterator[str]]
-"""Where a streamed answer's text comes from: given the request's message and the future its
-stored reply resolves, the text in order. Raises ``TurnFailed`` for an error reply. The
-pieces must concatenate to the stored answer."""
-
-
-async def whole_reply(msg: InboundMessage,
-                      reply: asyncio.Future[OutboundMessage]) -> AsyncIterator[str]:
-    """Today's ``Deltas``: the stored answer, once it came, in pieces."""
-    answer = await reply
-    if answer.kind == "error":
-        raise TurnFailed(answer.text)
-    for piece in pieces(answer.text):
-        yield piece
-
-
 class OpenAIChannel(ChannelBase):
     name = CHANNEL_NAME
     config_model = OpenAIChannelConfig
@@ -93,11 +73,10 @@ class OpenAIChannel(ChannelBase):
                                    "answer as in a normal chat.")
 
     def __init__(self, config: OpenAIChannelConfig, bus: MessageBus, *,
-                 models: list[str], deltas: Deltas = whole_reply) -> None:
+                 models: list[str]) -> None:
         self.config = config
         self._bus = bus
         self._models = [DEFAULT_MODEL, *models]
-        self._deltas = deltas
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
         """The requests waiting, by the inbound message's id."""
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -191,6 +170,7 @@ class OpenAIChannel(ChannelBase):
                              trust=self.config.trust)
         reply: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
         self._waiting[msg.message_id] = reply
+        live = LiveAnswer(self._bus, msg) if stream else None
         try:
             if not self._running or self._bus.closed:
                 raise ApiError("gateway is shutting down", 503)
@@ -199,37 +179,46 @@ class OpenAIChannel(ChannelBase):
             except BusClosed:
                 raise ApiError("gateway is shutting down", 503) from None
             completion_id, created = f"chatcmpl-{new_id()}", int(time.time())
-            parts = self._deltas(msg, reply)
+            sse_out: list[web.StreamResponse] = []
+            """The event stream, once its headers went out (errors are events from then on)."""
             try:
                 async with asyncio.timeout(self.config.reply_timeout):
-                    first = await anext(parts, None)
-                    if not stream:
-                        text_parts = [first or ""]
-                        text_parts += [p async for p in parts]
+                    if live is None:
+                        answer = await reply
+                        if answer.kind == "error":
+                            raise TurnFailed(answer.text)
                         return web.json_response(completion(completion_id, created, model,
-                                                            "".join(text_parts)))
-                    return await self._stream(request, parts, first, completion_id, created,
-                                              model)
+                                                            answer.text))
+                    return await self._stream(request, live.pieces(reply), sse_out,
+                                              completion_id, created, model)
             except TimeoutError:
-                return error_response(504, f"no answer within {self.config.reply_timeout:g} s; "
-                                      "the answer will still be kept in the session")
+                why, status = (f"no answer within {self.config.reply_timeout:g} s; the answer "
+                               "will still be kept in the session"), 504
             except TurnFailed as exc:
-                return error_response(502, str(exc))
+                why, status = str(exc), 502
             except asyncio.CancelledError:
-                if not self._running:
-                    return error_response(503, "gateway is shutting down")
-                raise
+                if self._running:
+                    raise
+                why, status = "gateway is shutting down", 503
+            if sse_out:
+                return await _end_with_error(sse_out[0], status, why)
+            return error_response(status, why)
         finally:
             self._waiting.pop(msg.message_id, None)
+            if live is not None:
+                live.close()
 
-    async def _stream(self, request: web.Request, parts: AsyncIterator[str], first: str | None,
-                      completion_id: str, created: int, model: str) -> web.StreamResponse:
-        """The answer as ``chat.completion.chunk`` events: the role, the text, the stop, and
-        ``[DONE]``. Headers go out with the first text, so a turn that fails before it still
-        gets a plain error answer."""
+    async def _stream(self, request: web.Request, parts: AsyncIterator[str],
+                      out: list[web.StreamResponse], completion_id: str, created: int,
+                      model: str) -> web.StreamResponse:
+        """The answer as ``chat.completion.chunk`` events: the role, the text as it comes, the
+        stop, and ``[DONE]``. Headers go out with the first text, so a turn that fails before
+        it still gets a plain error answer; ``out`` holds the response once they did."""
+        first = await anext(parts, None)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", **NO_RETRY})
         await response.prepare(request)
+        out.append(response)
 
         def event(delta: dict[str, str], finish: str | None = None) -> bytes:
             return sse(chunk(completion_id, created, model, delta, finish))
@@ -237,15 +226,25 @@ class OpenAIChannel(ChannelBase):
         await response.write(event({"role": "assistant", "content": ""}))
         if first:
             await response.write(event({"content": first}))
-        try:
-            async for piece in parts:
-                await response.write(event({"content": piece}))
-        except TurnFailed as exc:  # a live source that fails midway: said in the stream
-            await response.write(event({"content": f"\n\n{exc}"}))
+        async for piece in parts:
+            await response.write(event({"content": piece}))
         await response.write(event({}, "stop"))
         await response.write(DONE)
         await response.write_eof()
         return response
+
+
+async def _end_with_error(response: web.StreamResponse, status: int,
+                          why: str) -> web.StreamResponse:
+    """A stream whose headers went out ends with an ``error`` event (the official client
+    raises it as an ``APIError``) and ``[DONE]``."""
+    try:
+        await response.write(sse(error_body(status, why)))
+        await response.write(DONE)
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass  # the client went away meanwhile
+    return response
 
 
 def create(deps: ChannelDeps) -> OpenAIChannel:

@@ -15,7 +15,10 @@ Input. Each ``events_api`` envelope is queued, and one owned worker converts the
 arrival order (``slack_convert``) for the shared pipeline (``channels.inbound``: access,
 pairing, group context, files into the workspace's ``inbox/``, storing); an envelope is
 acknowledged once its message is stored, so Slack delivers again what the gateway could not
-take. While a turn runs, the message it answers wears 👀 (``reactions``).
+take. While a turn runs, the message it answers wears 👀 (``reactions``); with
+``streaming.reactions`` each stage of it shows instead (``slack_live``). With ``streaming``
+on, the answer is shown while it is written, in one message updated in place
+(``slack_live``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from channels.base import ChannelBase, ChannelDeps, ChannelStatus
 from channels.common import Liveness, SecretFilter, StateWatch, iso
 from channels.inbound import Inbound
 from channels.incoming import Incoming
+from channels.reactions import Reactions
 from channels.sent_parts import SentParts
 from channels.slack_convert import (
     NAME,
@@ -50,10 +54,11 @@ from channels.slack_convert import (
     profile_name,
     to_incoming,
 )
+from channels.slack_live import FULL, WHILE_RUNNING, SlackLive
 from channels.slack_outbound import Outbound
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config_channels import SlackChannelConfig
-from gateway.kernel.events import ChatActivity, OutboundMessage
+from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, Stage
 from gateway.kernel.pairing import PairingStore
 from gateway.kernel.store import Store
 from gateway.kernel.tasks import TaskSet
@@ -62,7 +67,6 @@ from gateway.kernel.values import ChannelHints, Delivery
 _log = logging.getLogger(__name__)
 
 CONNECT_WAIT = 30.0
-REACTION = "eyes"
 MAX_NAMES = 5000
 Key = tuple[str, str | None]
 
@@ -105,8 +109,14 @@ class SlackChannel(StateWatch, ChannelBase):
         self._inbound = Inbound(NAME, self._outbound, WORDING, bus=bus, pairing=self.pairing,
                                 rules=access_rules(config), workspace=workspace,
                                 max_media_bytes=config.max_media_bytes)
+        self.live = SlackLive(lambda: self._web, self._outbound, self._sent)
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._tasks = TaskSet()
+        self._stages = config.streaming.reactions
+        """Every stage of a message shows (the gateway calls ``react``); else 👀 while its
+        turn runs, from ``activity``."""
+        self._reactions = Reactions(NAME, self._tasks, self.live.reaction,
+                                    FULL if self._stages else WHILE_RUNNING)
         self._changed = asyncio.Condition()
         self._live = Liveness(receive="Socket Mode event", limit=config.watchdog, clock=clock,
                               silence=False)
@@ -312,22 +322,32 @@ class SlackChannel(StateWatch, ChannelBase):
             self._live.expect_echo()
         return delivery
 
+    def react(self, event: MessageStage) -> None:
+        """Each stage of a person's message (``streaming.reactions``)."""
+        if self._running and self._stages:
+            self._reactions.react(event)
+
     def activity(self, event: ChatActivity) -> None:
-        """👀 on the message being answered while its turn runs."""
-        if not (self._running and self.config.reactions and event.channel == NAME):
+        """👀 on the message being answered while its turn runs (``reactions``), through the
+        same ``Reactions`` (taken, then done: taken away)."""
+        if not (self._running and self.config.reactions and not self._stages
+                and event.channel == NAME):
             return
         key = (event.chat_id, event.thread_id)
+        stage: Stage
         if event.busy:
             ts = self._answering.get(key)
-            if ts is not None and self._reacted.get(key) != ts:
-                self._reacted[key] = ts
-                self._tasks.spawn(self._outbound.react(event.chat_id, ts, REACTION, on=True),
-                                  f"slack-react:{ts}")
+            if ts is None or self._reacted.get(key) == ts:
+                return
+            self._reacted[key], stage = ts, "taken"
         else:
-            done = self._reacted.pop(key, None)
-            if done is not None:
-                self._tasks.spawn(self._outbound.react(event.chat_id, done, REACTION,
-                                                       on=False), f"slack-unreact:{done}")
+            ts = self._reacted.pop(key, None)
+            if ts is None:
+                return
+            stage = "done"
+        self._reactions.react(MessageStage(channel=NAME, chat_id=event.chat_id,
+                                           message_id=ts, stage=stage,
+                                           thread_id=event.thread_id))
 
 
 def create(deps: ChannelDeps) -> SlackChannel:

@@ -1,5 +1,5 @@
 """Slack output over the Web API (slack-sdk's ``AsyncWebClient``): replies cut into mrkdwn parts
-and sent in order, files uploaded, reactions; and the two calls the shared inbound pipeline
+and sent in order, files uploaded; and the two calls the shared inbound pipeline
 makes on Slack (``PlatformIO``): notices and downloading a shared file with the bot token.
 
 Every part Slack accepted is recorded in ``SentParts`` before the next is sent, so a retry of
@@ -90,7 +90,7 @@ class Outbound:
         for index in range(len(done), len(parts)):
             part = parts[index]
             try:
-                ts = await (self._post(web, msg, part) if isinstance(part, str)
+                ts = await (self.post(web, msg, part) if isinstance(part, str)
                             else self._upload(web, msg, part))
             except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 delivery = self.failure(exc)
@@ -102,7 +102,8 @@ class Outbound:
             self.last_send_ok = utcnow()
         return Delivery(ok=True, message_ids=tuple(done))
 
-    async def _post(self, web: AsyncWebClient, msg: OutboundMessage, text: str) -> str:
+    async def post(self, web: AsyncWebClient, msg: OutboundMessage, text: str) -> str:
+        """One text part posted (raises what the Web API raised); its ``ts``."""
         answer = await web.chat_postMessage(channel=msg.chat_id, text=text,
                                             thread_ts=msg.thread_id, mrkdwn=True,
                                             unfurl_links=False)
@@ -110,7 +111,7 @@ class Outbound:
 
     async def _upload(self, web: AsyncWebClient, msg: OutboundMessage, media: Media) -> str:
         if media.url is not None:  # Slack unfurls a link itself
-            return await self._post(web, msg, f"<{media.url}>")
+            return await self.post(web, msg, f"<{media.url}>")
         path = Path(media.path or "")
         data = await asyncio.to_thread(read_small, path, self._limit)
         if isinstance(data, bytes):
@@ -121,22 +122,7 @@ class Outbound:
             return str(files[0].get("id") or "")
         problem = "not found" if data is None else f"too big to send (over " \
                                                    f"{human_size(self._limit)})"
-        return await self._post(web, msg, f"(Could not attach {path.name}: {problem}.)")
-
-    # --- reactions ------------------------------------------------------------------------------
-
-    async def react(self, channel: str, ts: str, name: str, *, on: bool) -> None:
-        """Best effort: a reaction that cannot be set or removed is only logged."""
-        web = self._web()
-        if web is None:
-            return
-        try:
-            if on:
-                await web.reactions_add(channel=channel, timestamp=ts, name=name)
-            else:
-                await web.reactions_remove(channel=channel, timestamp=ts, name=name)
-        except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            _log.debug("slack: reaction %s on %s failed: %s", name, ts, self.clean(str(exc)))
+        return await self.post(web, msg, f"(Could not attach {path.name}: {problem}.)")
 
     # --- PlatformIO -----------------------------------------------------------------------------
 

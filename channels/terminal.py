@@ -178,6 +178,22 @@ class TerminalChannel(ChannelBase):
 
 
 @contextlib.contextmanager
+def leaving() -> Iterator[None]:
+    """Around the shutdown after the person chose to leave: one stray Ctrl-C (a key held a
+    moment too long) does not turn a clean exit into an interrupted one; a second aborts."""
+    presses = 0
+
+    def pressed() -> None:
+        nonlocal presses
+        presses += 1
+        if presses >= 2:
+            raise KeyboardInterrupt
+
+    with _on_sigint(pressed):
+        yield
+
+
+@contextlib.contextmanager
 def _on_sigint(callback: Any) -> Iterator[None]:
     """Ctrl-C calls ``callback`` instead of interrupting the program, inside the block."""
     loop = asyncio.get_running_loop()

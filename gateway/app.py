@@ -38,6 +38,7 @@ from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
 from gateway.kernel.secrets import register_secrets
 from gateway.kernel.store import Store
+from gateway.retention import Retention
 from gateway.streaming import channel_streaming
 from workspace.bootstrap import seed_workspace
 
@@ -84,6 +85,7 @@ class Gateway:
         self.subagents: SubagentManager | None = None
         self.exec_access: ExecAccess | None = None
         self.inbox_cleanup: InboxCleanup | None = None
+        self.retention: Retention | None = None  # issue 24: the database's retention
 
     @property
     def state(self) -> str:
@@ -196,6 +198,8 @@ class Gateway:
         self.inbox_cleanup = InboxCleanup(config.agent.media.inbox, store,
                                           workspace=config.workspace_path)
         await self.inbox_cleanup.start()
+        self.retention = Retention(config.retention, store)
+        await self.retention.start()
 
     async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:
         """MCP servers (their tools join the registry as they connect) and subagents."""
@@ -253,7 +257,7 @@ class Gateway:
             await self.subagents.stop()
         if self.mcp is not None:  # after the turns: a stdio server's process ends here
             await self.mcp.stop()
-        for schedule in (self.heartbeat, self.cron, self.inbox_cleanup):
+        for schedule in (self.heartbeat, self.cron, self.inbox_cleanup, self.retention):
             if schedule is not None:
                 await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))

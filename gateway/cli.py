@@ -6,7 +6,9 @@ modules (config, onboard, doctor, status/sessions/context, backup, cron, pairing
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -116,7 +118,7 @@ def chat(
     plain: Annotated[bool, typer.Option(help="Print replies as plain text.")] = False,
 ) -> None:
     """Talk to the agent in the terminal (same agent and sessions as the gateway)."""
-    from channels.terminal import TerminalChannel
+    from channels.terminal import TerminalChannel, leaving
     from gateway.app import Gateway
 
     config = _ready(config_path, ports=False)
@@ -127,14 +129,18 @@ def chat(
         terminal = TerminalChannel(config.channels.terminal, gw.bus,
                                    markdown=not plain and message is None)
         gw.manager.add(terminal)
-        async with gw:
-            if message is not None:
-                answer = await terminal.ask(message)
-                return 1 if answer.kind == "error" else 0
-            await terminal.interactive(history=config.data_path / "chat_history")
+        with contextlib.ExitStack() as closing:
+            async with gw:
+                if message is not None:
+                    answer = await terminal.ask(message)
+                    return 1 if answer.kind == "error" else 0
+                await terminal.interactive(history=config.data_path / "chat_history")
+                closing.enter_context(leaving())  # the gateway's shutdown, after the person left
         return 0
 
     code = run_sync(main(), config)
+    if message is None:  # left cleanly: a late Ctrl-C while the interpreter exits is moot
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise typer.Exit(code)
 
 
@@ -145,7 +151,7 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(context_app, name="context")
 app.add_typer(pairing_app, name="pairing")
 app.add_typer(cron_app, name="cron")
-app.add_typer(db_app, name="db")
+app.add_typer(db_app, name="db")  # migrate/copy (issue 19), stats/vacuum (issue 24)
 app.command("usage")(usage_command)
 app.command("backup")(backup)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from gateway.kernel.config_media import InboxConfig
 from gateway.kernel.inbox_files import INBOX_DIR
 from gateway.kernel.store import Store
+from gateway.periodic import run_every
 
 _log = logging.getLogger(__name__)
 
@@ -110,12 +111,4 @@ class InboxCleanup:
         return swept
 
     async def _run(self) -> None:
-        every = self.config.sweep_every
-        while True:
-            try:
-                await self.sweep_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                _log.exception("inbox cleanup failed; tried again in %.0f s", every)
-            await asyncio.sleep(every)
+        await run_every(self.config.sweep_every, self.sweep_once, "inbox cleanup")

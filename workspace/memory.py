@@ -1,15 +1,16 @@
-"""Memory: lasting facts in ``MEMORY.md``, daily logs in ``memory/YYYY-MM-DD.md``, BM25 recall.
+"""Memory: lasting facts in ``MEMORY.md``, daily logs in ``memory/YYYY-MM-DD.md``, FTS5 recall.
 
 ``MEMORY.md`` is a system-prompt layer, sent whole with every request, so it holds a few lasting
 facts and is capped (``max_memory_chars``): past the cap the model is told to consolidate it,
 never to let it grow. The daily logs hold everything else; they never go into the prompt whole,
 only as recall: the paragraphs that best match the user's message, within a token cap.
 
-Search is BM25 over paragraphs (blank-line separated; a heading sticks to the paragraph after
-it; long paragraphs are split), offline and deterministic: the same files and query give the
-same hits in the same order. A file is parsed once per version (inode, mtime, size), and the
-corpus statistics are rebuilt only when some file changed, so a turn over unchanged memory costs
-one ``stat`` per file. Writes append under a lock and replace the file atomically.
+Search ranks paragraphs (blank-line separated; a heading sticks to the paragraph after it; long
+paragraphs are split) with SQLite FTS5's bm25, the same index as the conversation search
+(trigram tokenizer, so CJK matches): one in-memory table per store, offline and deterministic,
+the same files and query give the same hits in the same order. A file is parsed and indexed
+once per version (inode, mtime, size), so a turn over unchanged memory costs a few ``stat`` calls
+and one query (``memory_index``). Writes append under a lock and replace the file atomically.
 
 Memory is kept per *scope* (``MemoryScope``): the owner's home (``MEMORY.md`` and
 ``memory/*.md``, the layout from before scopes), one person's own notes
@@ -18,9 +19,9 @@ group (``memory/chats/<chat>/people/<who>/``). A scope's facts are ``MEMORY.md``
 Which scopes a turn reads and writes is decided by ``agent/trust.py``; a store only ever sees
 its own scope's files, so nobody's notes reach another scope by accident.
 
-The search itself (paragraphs, BM25, the recall lines) is in ``memory_search``, the write
-mechanics (atomic replace, locks, duplicate keys) in ``memory_files``; the names other modules
-import from here (``split_paragraphs``, ``tokenize``, ``MAX_CHUNK_CHARS``, ...) are re-exported.
+The paragraphs and recall lines are in ``memory_search``, the FTS5 table in ``memory_index``,
+the write mechanics (atomic replace, locks, duplicate keys) in ``memory_files``; the names
+other modules import from here (``split_paragraphs``, ``tokenize``, ...) are re-exported.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 from gateway.kernel.config import MemoryConfig
+from gateway.kernel.fts import cjk_grams
 from workspace.bootstrap import MEMORY_FILE
 from workspace.memory_files import (
     across_processes,
@@ -50,11 +52,9 @@ from workspace.memory_files import (
     entry_keys,
     write_lock_for,
 )
+from workspace.memory_index import MAX_QUERY_TERMS, Doc, MemoryIndex, Signature
 from workspace.memory_search import (
     MAX_CHUNK_CHARS,
-    MAX_QUERY_TERMS,
-    Corpus,
-    Doc,
     TextCounter,
     cut_to_fit,
     one_line,
@@ -126,10 +126,6 @@ def chat_scope(chat: str) -> MemoryScope:
     return MemoryScope(chat, f"{base}/{MEMORY_FILE}", base)
 
 
-Signature = tuple[int, int, int]
-"""(inode, mtime_ns, size): an atomic replace always changes the inode, even within one tick."""
-
-
 class MemoryRefused(ValueError):
     """A write the model should rethink (empty, too long, MEMORY.md full); the text says how."""
 
@@ -169,10 +165,11 @@ class MemoryStore:
         self._clock = clock
         self._listing: tuple[Signature, float, list[tuple[str, Path, Signature]]] | None = None
         """The daily logs as last listed: (folder signature, when, entries sorted by name)."""
+        self._listings = 0
+        """Full listings so far: a new one may have found any log changed."""
         self._write_lock = write_lock_for(workspace.expanduser().resolve())
         self._index_lock = threading.Lock()
-        self._files: dict[str, tuple[Signature, tuple[Doc, ...]]] = {}
-        self._corpora: dict[Sources, tuple[tuple[tuple[str, Signature], ...], Corpus]] = {}
+        self.index = MemoryIndex()
 
     # writing ------------------------------------------------------------------------------
 
@@ -226,24 +223,28 @@ class MemoryStore:
                     "kind=log instead")
             atomic_write(path, (raw or b"") + addition.encode("utf-8"))
         with self._index_lock:
-            self._files.pop(rel, None)
+            self.index.forget(rel)
         _log.info("memory: saved %d characters to %s", len(entry), rel)
         return Saved(rel, True)
 
     # index --------------------------------------------------------------------------------
 
-    def _scan(self, sources: Sources) -> list[tuple[str, Path, Signature]]:
+    def _scan(self) -> tuple[list[tuple[str, Path, Signature]], Hashable]:
+        """The facts file and the daily logs (the facts are always indexed, so the ranking
+        does not depend on which searches came before), and a key that changes whenever what
+        ``_logs`` reports does: the facts' signature, the listing, the newest logs'."""
         found: list[tuple[str, Path, Signature]] = []
-        if sources == "all":
-            facts = self.scope.facts
-            path = self.workspace / facts
-            with contextlib.suppress(OSError):
-                st = path.stat(follow_symlinks=False)
-                if path.is_file():
-                    found.append((facts, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
-        found.extend(self._logs())
-        found.sort()
-        return found
+        facts = self.scope.facts
+        path = self.workspace / facts
+        with contextlib.suppress(OSError):
+            st = path.stat(follow_symlinks=False)
+            if path.is_file():
+                found.append((facts, path, (st.st_ino, st.st_mtime_ns, st.st_size)))
+        logs = self._logs()
+        key = (found[0][2] if found else None, self._listings,
+               tuple(sig for _, _, sig in logs[-RECENT_LOGS:]))
+        found.extend(logs)
+        return found, key
 
     def _logs(self) -> list[tuple[str, Path, Signature]]:
         """The daily logs and their signatures, without a ``stat`` of every one every turn
@@ -288,51 +289,34 @@ class MemoryStore:
             pass
         entries.sort()
         self._listing = (folder_sig, now, entries)
+        self._listings += 1
         return list(entries)
 
-    def _docs(self, rel: str, path: Path, sig: Signature) -> tuple[Doc, ...]:
-        cached = self._files.get(rel)
-        if cached and cached[0] == sig:
-            return cached[1]
+    @staticmethod
+    def _load(rel: str, path: Path) -> tuple[Doc, ...] | None:
         try:
             text = path.read_bytes().decode("utf-8", errors="replace")
         except FileNotFoundError:  # removed since the scan: the next turn sees it gone
-            return ()
+            return None
         except OSError as exc:
             _log.warning("memory: cannot read %s: %s", path, exc)
             text = ""
-        docs = parse_docs(rel, text)
-        self._files[rel] = (sig, docs)
-        return docs
-
-    def _corpus(self, sources: Sources) -> Corpus:
-        found = self._scan(sources)
-        sig = tuple((rel, s) for rel, _, s in found)
-        cached = self._corpora.get(sources)
-        if cached and cached[0] == sig:
-            return cached[1]
-        docs: list[Doc] = []
-        for rel, path, s in found:
-            docs.extend(self._docs(rel, path, s))
-        present = {rel for rel, _, _ in found}
-        for rel in list(self._files):
-            if rel not in present and (sources == "all" or rel != self.scope.facts):
-                del self._files[rel]
-        corpus = Corpus(docs)
-        self._corpora[sources] = (sig, corpus)
-        return corpus
+        return parse_docs(rel, text)
 
     # reading ------------------------------------------------------------------------------
 
     def search(self, query: str, k: int = 5, *, sources: Sources = "all") -> list[Hit]:
-        """The ``k`` best paragraphs for ``query``, best first (then by path and position);
-        empty when no word of the query occurs in memory."""
+        """The ``k`` best paragraphs for ``query`` by bm25, best first (then by path and
+        position); empty when no word of the query occurs in memory. Words under three
+        characters alone match unranked (score 0, newest first), so they never pass recall."""
         terms = tokenize(query)
         if not terms or k < 1:
             return []
         with self._index_lock:
-            corpus = self._corpus(sources)
-        return [Hit(doc.path, doc.text, score, doc.line) for score, doc in corpus.top(terms, k)]
+            self.index.sync(*self._scan(), self._load)
+            ranked = self.index.search(cjk_grams(terms), k,
+                                       leave_out=self.scope.facts if sources == "logs" else None)
+        return [Hit(r.path, r.text, r.score, r.line) for r in ranked]
 
     def recall_sources(self) -> Sources:
         """What recall searches here: only the logs when the facts are in the prompt already

@@ -1,26 +1,18 @@
-"""Search over memory text: paragraphs, words, BM25 scoring and the recall block's lines.
+"""Memory text for search: paragraphs, query words and the recall block's lines.
 
-Pure functions over strings, no files: the same text and query give the same hits in the same
-order. Separate from ``memory.py`` (the store that owns the files, their cache and the writes)
-so the ranking can be read, and tuned, on its own.
+Pure functions over strings, no files. The ranking itself is FTS5's bm25 in ``memory_index``;
+the store that owns the files, their cache and the writes is ``memory.py``.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
-from dataclasses import dataclass
 from typing import Protocol
 
+from workspace.memory_index import Doc
+
 MAX_CHUNK_CHARS = 800
-MAX_QUERY_TERMS = 64
 _MIN_CUT_WORDS = 4
-_K1, _B = 1.5, 0.75
-_PRIOR_DOCS = 10
-"""Paragraphs without any query word assumed beside the real ones when weighing words: with
-only a few notes, a shared word is still telling (plain idf would call it common); with
-hundreds the prior no longer matters."""
 
 _WORD = re.compile(r"\w+")
 _HEADING = re.compile(r"^#{1,6}\s+(.*)$")
@@ -36,17 +28,6 @@ us was we were what when where which who why will with would yes you your
 
 class TextCounter(Protocol):
     def count_text(self, text: str) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Doc:
-    """One searchable paragraph of a memory file, with its word counts."""
-
-    path: str
-    line: int
-    text: str
-    terms: dict[str, int]
-    length: int
 
 
 def tokenize(text: str) -> list[str]:
@@ -124,43 +105,14 @@ def split_paragraphs(text: str) -> list[tuple[int, str]]:
 
 
 def parse_docs(path: str, text: str) -> tuple[Doc, ...]:
-    """The searchable paragraphs of one file (``path`` relative to the workspace)."""
+    """The searchable paragraphs of one file (``path`` relative to the workspace); one with no
+    word worth matching (a bare ``[HH:MM]``, stopwords only) is left out."""
     docs = []
     for line, chunk in split_paragraphs(text):
-        terms = tokenize(MARKER.sub("", chunk))  # the [HH:MM] stamps are not words to match
-        if terms:
-            docs.append(Doc(path, line, chunk, dict(Counter(terms)), len(terms)))
+        body = MARKER.sub("", chunk)  # the [HH:MM] stamps are not words to match
+        if tokenize(body):
+            docs.append(Doc(path, line, chunk, body))
     return tuple(docs)
-
-
-class Corpus:
-    """BM25 (k1 1.5, b 0.75, Lucene's always-positive idf, ``_PRIOR_DOCS``) over paragraphs."""
-
-    def __init__(self, docs: list[Doc]) -> None:
-        self.docs = docs
-        avgdl = sum(d.length for d in docs) / len(docs) if docs else 1.0
-        self.norms = [_K1 * (1 - _B + _B * d.length / avgdl) for d in docs]
-        postings: dict[str, list[tuple[int, int]]] = {}
-        for i, doc in enumerate(docs):
-            for term, tf in doc.terms.items():
-                postings.setdefault(term, []).append((i, tf))
-        n = len(docs) + _PRIOR_DOCS
-        self.postings = postings
-        self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5))
-                    for t, p in postings.items()}
-
-    def top(self, terms: list[str], k: int) -> list[tuple[float, Doc]]:
-        known = [t for t in dict.fromkeys(terms) if t in self.idf]  # each query word once
-        if len(known) > MAX_QUERY_TERMS:  # a pasted page: its rarest words carry the score
-            known = sorted(known, key=lambda t: (-self.idf[t], t))[:MAX_QUERY_TERMS]
-        scores: dict[int, float] = {}
-        for term in known:
-            idf = self.idf[term]
-            for i, tf in self.postings[term]:
-                scores[i] = scores.get(i, 0.0) + idf * tf * (_K1 + 1) / (tf + self.norms[i])
-        # docs are in (path, position) order, so the index breaks ties by path, then position
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
-        return [(score, self.docs[i]) for i, score in ranked]
 
 
 def one_line(text: str) -> str:

@@ -75,6 +75,7 @@ async def message(ctx: TurnContext, text: str, files: list[str] | None = None,
     delivery = await send(OutboundMessage(
         channel=target[0], chat_id=target[1], text=text, media=media, kind=kind,
         thread_id=ctx.reply_thread if is_current else None,
+        reply_to=ctx.message.message_id if is_current else None,  # it answers the message
         turn_id=ctx.turn_id))
     if not delivery.ok:
         why = delivery.error or "the channel refused it"

@@ -60,6 +60,7 @@ class MessageBus:
         self._closed = False
         self._activity: list[Callable[[ChatActivity], None]] = []
         self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
+        self._stream_watchers: dict[str, Callable[[ReplyStream], None]] = {}
         self._stages: list[Callable[[MessageStage], None]] = []
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
@@ -96,7 +97,26 @@ class MessageBus:
         """A live view of the reply to ``target`` (its chat and ``stream`` key), or None
         when its channel shows nothing live: the turn then streams nothing at all."""
         opener = self._stream_opener
-        return opener(target) if opener is not None else None
+        stream = opener(target) if opener is not None else None
+        watcher = self._stream_watchers.pop(target.stream, None) if target.stream else None
+        if watcher is not None:
+            if stream is None:  # shown nowhere else: a stream for the watcher alone
+                stream = ReplyStream(target)
+            try:
+                watcher(stream)
+            except Exception:
+                _log.exception("reply stream watcher failed")
+        return stream
+
+    def watch_stream(self, key: str, watcher: Callable[[ReplyStream], None]) -> None:
+        """Be handed the stream of ``key`` (``streams.stream_key``) when its turn opens it,
+        once — made for the watcher alone when the channel shows nothing live (the
+        OpenAI-compatible endpoint relays its text this way). A turn that opens no stream (a
+        command, a refused message) never calls ``watcher``: ``unwatch_stream`` after."""
+        self._stream_watchers[key] = watcher
+
+    def unwatch_stream(self, key: str) -> None:
+        self._stream_watchers.pop(key, None)
 
     @property
     def closed(self) -> bool:

@@ -55,6 +55,7 @@ from gateway.kernel.config_fields import (
     Section,
     parse_duration,
 )
+from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
 from gateway.kernel.store_sql import hide_password, is_postgres_url
@@ -103,6 +104,7 @@ class Config(Section):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     logging: LoggingConfig = LoggingConfig()
+    retention: RetentionConfig = RetentionConfig()  # issue 24: gateway/retention.py
     # several processes on PostgreSQL (issue 19) ----------------------------------------------
     database: OptionalSecret = None
     cluster: ClusterConfig = ClusterConfig()

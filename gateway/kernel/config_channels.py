@@ -47,7 +47,7 @@ class StreamingConfig(Section):
     (``running web_fetch``) in its place; the answer replaces it."""
     reactions: bool = False
     """React to the user's message: 👀 when taken, ⏳ while queued behind a busy turn, ✅ or
-    ❌ at the end (Telegram and Discord)."""
+    ❌ at the end (Telegram, Discord and Slack)."""
 
     @model_validator(mode="after")
     def _positive(self) -> StreamingConfig:
@@ -309,7 +309,11 @@ class SlackChannelConfig(Section):
     group_history: int = Field(20, ge=0, le=500)
     max_media_bytes: int = Field(20 * 1024 * 1024, gt=0)
     reactions: bool = True
-    """👀 on the message being answered while its turn runs (Slack bots cannot show typing)."""
+    """👀 on the message being answered while its turn runs (Slack bots cannot show typing);
+    ``streaming.reactions`` shows every stage instead."""
+    streaming: StreamingConfig = _live(1.5)
+    """The answer shown while it is written, one message updated with ``chat.update`` (a
+    Tier 3 method: about 50 a minute), at most every 1.5 s by default."""
     watchdog: Duration = 90.0
     ping_interval: Duration = 10.0
 

@@ -218,6 +218,10 @@ class Database:
     async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         return await self._fetchone(sql, params)
 
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` as one write transaction in one hop to the database thread (``_write``)."""
+        return await self._write(fn)
+
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         return await self._fetchall(sql, params)
 

@@ -222,6 +222,11 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         finally:
             await self._call(lambda c: c.execute("SELECT pg_advisory_unlock(19)"))
 
+    async def vacuum(self) -> None:
+        """``VACUUM (ANALYZE)`` outside a transaction (``parley db vacuum``)."""
+        async with self._write_lock:
+            await self._call(lambda c: c.execute("VACUUM (ANALYZE)"))
+
     def check_file(self) -> str | None:
         """SQLite's check that its file is still there; a lost connection shows in the
         cluster's health (``gateway/cluster.py``)."""

@@ -14,11 +14,11 @@ which, and the gateway logs it once.
 from __future__ import annotations
 
 import logging
-import re
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.kernel.fts import TRIGRAM, like_pattern, match_expr, query_words, trigram_terms
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_sql import TableSet, register, twin
 
@@ -28,17 +28,7 @@ MAX_QUERY_TERMS = 16
 SNIPPET_CHARS = 240
 
 
-def _has_trigram() -> bool:
-    try:
-        with sqlite3.connect(":memory:") as probe:
-            probe.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='trigram')")
-        return True
-    except sqlite3.Error:
-        return False
-
-
-TRIGRAM = _has_trigram()
-"""Whether this process's SQLite has FTS5 with the trigram tokenizer."""
+__all__ = ["TRIGRAM", "SearchHit", "SearchTables", "insert_sql"]
 
 FTS_SCHEMA = """
 CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5(
@@ -82,19 +72,6 @@ def insert_sql(trigram: bool) -> str:
             "VALUES (?, ?, ?, ?, ?)")
 
 
-def _terms(query: str) -> list[str]:
-    return list(dict.fromkeys(w for w in re.findall(r"\w+", query.lower())))[:MAX_QUERY_TERMS]
-
-
-def _match(terms: list[str], joiner: str) -> str:
-    return f" {joiner} ".join('"' + t.replace('"', '""') + '"' for t in terms)
-
-
-def _like(term: str) -> str:
-    """A LIKE pattern finding ``term`` anywhere (its own % and _ escaped)."""
-    return "%" + re.sub(r"([%_\\])", r"\\\1", term) + "%"
-
-
 def _snippet(text: str, terms: list[str]) -> str:
     if len(text) <= SNIPPET_CHARS:
         return text
@@ -124,7 +101,7 @@ class SearchTables(Database):
                               limit: int = 5) -> list[SearchHit]:
         """Past messages of ``chat`` (None: every chat, for the owner's CLI) matching
         ``query``; with ``person`` only those of the turns that person asked."""
-        terms = _terms(query)
+        terms = query_words(query, MAX_QUERY_TERMS)
         if not terms:
             return []
         where, params = [], []
@@ -135,7 +112,7 @@ class SearchTables(Database):
             where.append("s.person = ?")
             params.append(person)
         rows: list[Any] = []
-        long_terms = [t for t in terms if len(t) >= 3]
+        long_terms, _ = trigram_terms(terms)
         if self.trigram and long_terms:
             for joiner in ("AND", "OR"):
                 rows = await self._fetchall(
@@ -144,7 +121,7 @@ class SearchTables(Database):
                     "JOIN sessions se ON se.id = m.session_id "
                     f"WHERE message_search MATCH ? {''.join(' AND ' + w for w in where)} "
                     "ORDER BY rank, s.rowid DESC LIMIT ?",
-                    (_match(long_terms, joiner), *params, limit))
+                    (match_expr(long_terms, joiner), *params, limit))
                 if rows or len(long_terms) == 1:
                     break
         else:
@@ -152,7 +129,7 @@ class SearchTables(Database):
             key = "rowid" if self.trigram else "id"
             like = "ILIKE" if self.dialect == "postgresql" else "LIKE"  # SQLite's: no case
             likes = " AND ".join(f"s.text {like} ? ESCAPE '\\'" for _ in terms)
-            escaped = [_like(t) for t in terms]
+            escaped = [like_pattern(t) for t in terms]
             rows = await self._fetchall(
                 f"SELECT s.{key}, se.key, m.created_at, s.role, s.person, s.text "
                 f"FROM {table} s JOIN messages m ON m.id = s.{key} "

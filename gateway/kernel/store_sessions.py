@@ -320,7 +320,7 @@ class SessionTables(LayerTexts):
         call_rows = _call_rows(session_id, turn_id, calls or [], usage, now)
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
-                        SECRETS.redact(json.dumps(snapshot, ensure_ascii=False))
+                        SECRETS.redact(dump_json(snapshot))
                         ) if snapshot is not None else None
         text_rows = self._new_texts(texts)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.kernel.secrets import SECRETS
+from gateway.kernel.snapshot_frame import expand, frames_of
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_sql import twin
 
@@ -69,14 +70,20 @@ class LayerTexts(Database):
 class SnapshotTables(LayerTexts):
     """Reads over context snapshots, LLM calls and table counts."""
 
+    async def _expanded(self, details: list[str]) -> list[dict[str, Any]]:
+        """Stored snapshots with their frames put back (``snapshot_frame``)."""
+        rows = [json.loads(d) for d in details]
+        frames = await self.layer_texts(frames_of(rows))
+        return [expand(r, frames) for r in rows]
+
     async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:
         row = await self._fetchone(_LATEST, (session_id,))
-        return json.loads(row[0]) if row else None
+        return (await self._expanded([row[0]]))[0] if row else None
 
     async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
         """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
         rows = await self._fetchall(_ALL, (session_id,))
-        return [json.loads(r[0]) for r in rows]
+        return await self._expanded([r[0] for r in rows])
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over a session's turns."""

@@ -282,3 +282,25 @@ def test_unreadable_image_is_noted(tmp_path: Path, counter: TokenCounter) -> Non
     msg = inbound("see", media=(Media(kind="image", path=str(tmp_path / "gone.png")),))
     (text_part,) = builder.build(inbound=msg, history=[], hints=HINTS).messages[-1]["content"]
     assert "[image gone.png could not be read" in text_part["text"]
+
+
+def test_context_hash_is_the_hash_of_the_whole_list_serialised_and_follows_new_messages(
+) -> None:
+    """Fed a message at a time with each message's text remembered (issue 24), the hash is
+    still that of ``json.dumps(messages, sort_keys=True)``, and a new message changes it."""
+    import hashlib
+    import json
+
+    from agent.context import context_hash
+
+    history = [{"role": "user", "content": "héllo"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "b": 2}]}]
+
+    def whole(messages: list[dict[str, Any]]) -> str:
+        return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False)
+                              .encode()).hexdigest()
+
+    for messages in ([], history, [*history, {"role": "user", "content": "next"}]):
+        assert context_hash(messages) == whole(messages)
+    assert context_hash([*history, {"role": "user", "content": "a"}]) != \
+        context_hash([*history, {"role": "user", "content": "b"}])

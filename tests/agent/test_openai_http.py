@@ -354,3 +354,19 @@ async def test_a_password_in_api_base_stays_out_of_errors(
     assert "s3cret" not in str(info.value) and "bob" not in str(info.value)
     assert raw.base_url.removeprefix("http://") in str(info.value)
     assert raw.headers[0]["Authorization"] == "Basic Ym9iOnMzY3JldA=="  # bob:s3cret
+
+
+def test_the_request_body_is_the_same_json_with_history_messages_serialised_once() -> None:
+    """``encode_body`` (issue 24) reuses each message's and the tool list's JSON from the
+    turns before; what is sent parses to the same body, and a new message is sent as new."""
+    import json
+
+    from agent.openai_http import encode_body
+
+    history = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "t", "parameters": {}}}]
+    for body in ({"model": "m", "messages": history, "tools": tools, "max_tokens": 5},
+                 {"model": "m", "messages": [*history, {"role": "user", "content": "new"}]},
+                 {"model": "m", "messages": []}, {"model": "m", "input": "no messages"}):
+        assert json.loads(encode_body(body)) == body
+    assert b"\xc3\xa9" in encode_body({"messages": history})  # UTF-8, not \\u escapes

@@ -121,7 +121,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         proc, base = await _start_gateway(_config(tmp_path, llm, postgres_url, f"gw{n}"))
         procs.append(proc)
         bases.append(base)
-        drains.append(asyncio.create_task(_drain_stderr(proc)))
+        drains.append(asyncio.create_task(_drain_stderr(proc, tmp_path / f"gw{n}.log")))
     watch = Watch(postgres_url)
     victim = procs[0]
     try:

@@ -16,6 +16,7 @@ from agent.context import SUMMARY_TAG
 from agent.replay import replay
 from gateway.app import Gateway
 from tests.conftest import MakeConfig, offered_tools
+from tests.e2e.waiting import until
 from tests.fakes.openai_server import ScriptedLLM
 
 SUMMARY_HEAD = SUMMARY_PROMPT[:30]
@@ -59,9 +60,12 @@ async def test_compaction_is_stored_and_used(make_config: MakeConfig, llm: Scrip
     summaries = chat_model(llm)
     config = make_config(agent={"context": {"max_recent_messages": 6}})
     async with Gateway(config) as gw:
-        await talk(gw, [f"number {i}" for i in range(1, 5)])
+        await talk(gw, [f"number {i}" for i in range(1, 4)])
         assert summaries == []  # 6 stored messages still fit max_recent_messages
-        await talk(gw, ["number 5"])  # 8 > 6: the oldest part is summarised first
+        # 8 stored after the fourth turn would not fit the fifth: the oldest part is
+        # summarised once the fourth has answered (in the background), or by the fifth
+        # turn itself if it comes first; either way once, and the fifth is built on it
+        await talk(gw, ["number 4", "number 5"])
         assert len(summaries) == 1
         transcript = summaries[0]["messages"][1]["content"]
         assert "User: number 1" in transcript
@@ -271,8 +275,12 @@ async def test_memory_flush_before_compaction_is_silent(make_config: MakeConfig,
     llm.respond_with(respond)
     config = make_config(agent={"context": {"max_recent_messages": 4}})
     async with Gateway(config) as gw:
-        await talk(gw, ["my cat is Miso", "she is grey", "she is 3"])
+        await talk(gw, ["my cat is Miso", "she is grey"])
         assert flushes == []
+        await talk(gw, ["she is 3"])  # the next turn would not fit: flush and summary follow
+        assert gw.agent is not None
+        background = gw.agent.background
+        await until(lambda: background.idle, "the background flush and summary")
         assert await gw.local.ask("c1", "tell me about her", timeout=10) == "reply 4"
         assert len(flushes) == 1
         assert "The user's cat is Miso." in (config.workspace_path / "MEMORY.md").read_text()

@@ -7,6 +7,7 @@ for a chat platform whose sends fail, stall or rate-limit on demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -280,10 +281,14 @@ async def _start_gateway(config: Path) -> tuple[asyncio.subprocess.Process, str]
             return proc, m.group(1)
 
 
-async def _drain_stderr(proc: asyncio.subprocess.Process) -> None:
+async def _drain_stderr(proc: asyncio.subprocess.Process, log: Path | None = None) -> None:
+    """Read the process's log to its end (into ``log`` when given: what a failure shows)."""
     assert proc.stderr is not None
-    while await proc.stderr.readline():
-        pass
+    with open(log, "ab") if log is not None else contextlib.nullcontext() as out:
+        while line := await proc.stderr.readline():
+            if out is not None:
+                out.write(line)
+                out.flush()
 
 
 @pytest.mark.timeout(90)

@@ -19,7 +19,7 @@ from gateway.app import Gateway
 from gateway.kernel.config import ConfigError, parse_config
 from tests.conftest import MakeConfig
 from tests.e2e.waiting import until
-from tests.fakes.openai_server import ScriptedLLM
+from tests.fakes.openai_server import Gate, ScriptedLLM
 
 TOKEN = "sk-parley-test"
 
@@ -106,6 +106,25 @@ async def test_a_tool_call_runs(client: openai.AsyncOpenAI, llm: ScriptedLLM,
     assert "exec" in tools  # the token's holder counts as the owner
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_sent_by_the_message_tool_answers_the_request(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway, stream: bool) -> None:
+    """The agent answers through ``message`` (the current chat) instead of its final reply:
+    the request gets that message, not a timeout."""
+    llm.tool_call("load_tools", {"names": ["message"]})
+    llm.tool_call("message", {"text": "Here it is, sent myself."})
+    llm.reply("(sent above)")
+    asked = [{"role": "user", "content": "send it"}]
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(
+            model="parley", messages=asked, user="m", stream=True)]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    else:
+        answer = await client.chat.completions.create(model="parley", messages=asked, user="m")
+        text = answer.choices[0].message.content or ""
+    assert text == "Here it is, sent myself."
+
+
 async def test_streamed_chunks_concatenate_to_the_stored_answer(
         client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
     text = "A long answer, " * 20 + "with **markdown** and ünïcödé."
@@ -118,8 +137,7 @@ async def test_streamed_chunks_concatenate_to_the_stored_answer(
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "stop"
     pieces = [c.choices[0].delta.content or "" for c in chunks]
-    assert len([p for p in pieces if p]) > 3
-    assert "".join(pieces) == text
+    assert "".join(pieces) == text  # text that came at once may go out as one piece
     rows = await stored(gateway, "openai:s")
     assert [c for r, c in rows if r == "assistant"] == [text]
 
@@ -269,3 +287,78 @@ async def test_a_failed_streamed_turn_is_an_error_answer(client: openai.AsyncOpe
         await client.chat.completions.create(
             model="parley", messages=[{"role": "user", "content": "hi"}], stream=True)
     assert caught.value.status_code == 502
+
+
+# --- live streaming (the turn's text while the model writes it) ----------------------------
+
+def texts(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+async def first_text(client: openai.AsyncOpenAI, user: str,
+                     text: str) -> tuple[Any, list[Any]]:
+    """A streamed request, read up to its first chunk with text: the stream and the chunks."""
+    stream = await client.chat.completions.create(
+        model="parley", messages=[{"role": "user", "content": text}], user=user, stream=True)
+    chunks = []
+    async for c in stream:
+        chunks.append(c)
+        if texts(chunks):
+            break
+    return stream, chunks
+
+
+async def test_the_first_chunk_arrives_while_the_model_still_writes(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
+    rest = Gate()
+    text = "Hello there, general Kenobi."
+    llm.reply(text, pieces=["Hello ", "there, ", "general Kenobi."], pauses={2: rest})
+    stream, chunks = await first_text(client, "live", "hi")
+    assert texts(chunks) == "Hello"  # trailing space waits for the text after it
+    assert llm.in_flight == 1 and not rest.released  # the model is still writing
+    rest.release()
+    chunks += [c async for c in stream]
+    assert texts(chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert [c for r, c in await stored(gateway, "openai:live") if r == "assistant"] == [text]
+
+
+async def test_a_tool_call_between_streamed_text_still_runs(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
+    rest = Gate()
+    llm.tool_call("write_file", {"path": "notes/a.md", "content": "x\n"})
+    llm.reply("Saved it for you.", pieces=["Saved ", "it for you."], pauses={2: rest})
+    stream, chunks = await first_text(client, "tool", "save")
+    assert texts(chunks) == "Saved"
+    assert llm.in_flight == 1  # the second model call, still writing
+    rest.release()
+    chunks += [c async for c in stream]
+    assert texts(chunks) == "Saved it for you."
+    assert (gateway.config.workspace_path / "notes/a.md").read_text() == "x\n"
+    assert [c for r, c in await stored(gateway, "openai:tool")
+            if r == "assistant" and c] == ["Saved it for you."]
+
+
+async def test_text_taken_back_after_it_was_sent_stays_and_the_answer_follows_whole(
+        client: openai.AsyncOpenAI, llm: ScriptedLLM, gateway: Gateway) -> None:
+    """Words the model wrote before a tool call went out already: they stay, a blank line,
+    then the stored answer whole (the documented rule; a client cannot un-see text)."""
+    held = Gate()
+    llm.tool_call("list_dir", {"path": "."}, text="Let me look.", pauses={1: held})
+    llm.reply("Two files.")
+    stream, chunks = await first_text(client, "back", "what is here")
+    assert texts(chunks) == "Let me look."
+    held.release()
+    chunks += [c async for c in stream]
+    assert texts(chunks) == "Let me look.\n\nTwo files."
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assistant = [c for r, c in await stored(gateway, "openai:back") if r == "assistant"]
+    assert assistant == ["Let me look.", "Two files."]  # the answer is the last one
+
+
+async def test_a_command_streams_its_stored_reply(client: openai.AsyncOpenAI,
+                                                  llm: ScriptedLLM) -> None:
+    stream = await client.chat.completions.create(
+        model="parley", messages=[{"role": "user", "content": "/help"}], stream=True)
+    assert "/status" in texts([c async for c in stream])
+    assert llm.requests == []

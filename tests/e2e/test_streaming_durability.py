@@ -13,6 +13,7 @@ from asyncio import Task
 from asyncio.subprocess import Process
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,18 +27,24 @@ ADA_ID, GROUP_ID = 1001, -100200300
 ANSWER = "The plan: pack tonight, take the 08:15 train, lunch in Lyon, back by nine."
 
 
-def _config(tmp_path: Path, llm: ScriptedLLM, tg: FakeTelegram) -> Path:
+def write_config(tmp_path: Path, llm: ScriptedLLM, name: str, section: dict[str, Any]) -> Path:
+    """A config file for a gateway subprocess: channel ``name`` streaming with ``section``."""
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "workspace": "ws", "data_dir": "data",
         "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
                   "retry_backoff": "0.01s"},
-        "channels": {"local": {"port": 0}, "telegram": {
-            "enabled": True, "token": tg.token, "base_url": tg.base_url,
-            "base_file_url": tg.base_file_url, "poll_timeout": "1s", "watchdog": "10s",
-            "allow_from": [str(ADA_ID)], "allow_groups": [str(GROUP_ID)],
+        "channels": {"local": {"port": 0}, name: {
+            "enabled": True, **section,
             "streaming": {"enabled": True, "interval": 0, "min_chars": 0}}}}))
     return path
+
+
+def _config(tmp_path: Path, llm: ScriptedLLM, tg: FakeTelegram) -> Path:
+    return write_config(tmp_path, llm, "telegram", {
+        "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+        "poll_timeout": "1s", "watchdog": "10s", "allow_from": [str(ADA_ID)],
+        "allow_groups": [str(GROUP_ID)]})
 
 
 def _recorded(db: Path) -> int:

@@ -134,7 +134,9 @@ async def test_parley_chat_on_a_real_terminal(tmp_path: Path, llm: ScriptedLLM) 
     proc = await asyncio.create_subprocess_exec(
         "script", "-q", "-f", "-e", "-c", command, "/dev/null", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**_env(), "TERM": "xterm-256color"})
+        # `script` answers no cursor-position request, which a real terminal does: without this
+        # prompt_toolkit waits a second for the answer at every prompt and, after two, warns
+        env={**_env(), "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"})
     assert proc.stdin is not None and proc.stdout is not None
     seen = bytearray()
 
@@ -172,3 +174,35 @@ async def test_parley_chat_on_a_real_terminal(tmp_path: Path, llm: ScriptedLLM) 
     assert _user_texts(llm) == ["first", "first"]  # the second one recalled with Up
     assert "held answer" not in shown() and "Traceback" not in shown()
     assert "first" in (tmp_path / "data" / "chat_history").read_text()
+
+
+LEAVING = """
+import asyncio, os, signal, sys
+from channels.terminal import leaving
+
+async def main(presses):
+    with leaving():
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+        # the signal reaches the loop through its wakeup fd: a bounded number of turns of it
+        for _ in range(1000):
+            await asyncio.sleep(0)
+    return 0
+
+try:
+    sys.exit(asyncio.run(main(int(sys.argv[1]))))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+async def test_one_ctrl_c_while_closing_is_ignored_a_second_aborts() -> None:
+    """After the person left, the gateway's shutdown is not turned into an interrupted exit by
+    one stray Ctrl-C; a second one still gets out of a shutdown that hangs."""
+    import sys
+
+    codes = []
+    for presses in (1, 2):
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", LEAVING, str(presses))
+        codes.append(await asyncio.wait_for(proc.wait(), 60))
+    assert codes == [0, 130]

@@ -219,10 +219,15 @@ class ScriptedLLM:
         call_id: str | None = None,
         usage: Mapping[str, int] | None = None,
         gate: Gate | None = None,
+        text: str | None = None,
+        pauses: Mapping[int, Gate] | None = None,
     ) -> Self:
-        """Script an assistant message asking for one tool call."""
+        """Script an assistant message asking for one tool call (``text``: words written
+        before it, as models often do; streamed, ``pauses[1]`` holds the call after them)."""
         call = self._make_call(name, arguments, call_id)
-        return self._push(Answer(tool_calls=(call,), usage=usage), gate)
+        answer = Answer(content=text, tool_calls=(call,), usage=usage)
+        self._script.append(_Scripted(answer, self._gate(gate), pauses))
+        return self
 
     def tool_calls(
         self,

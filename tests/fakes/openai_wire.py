@@ -154,7 +154,7 @@ def usage_of(answer: Answer, *, prompt_bytes: int) -> JSON:
 def _message(answer: Answer) -> JSON:
     message: JSON = {"role": "assistant", "content": answer.content, "refusal": None}
     if answer.tool_calls:
-        message["content"] = None
+        message["content"] = answer.content or None  # words the model wrote before its calls
         message["tool_calls"] = [
             {
                 "id": c.id,
@@ -201,6 +201,8 @@ def stream_deltas(answer: Answer) -> list[JSON]:
         pieces = answer.pieces if answer.pieces is not None else _split(answer.content or "")
         return [first, *({"content": piece} for piece in pieces)]
     deltas: list[JSON] = []
+    if answer.content:  # written before the calls, as models do ("Let me look.")
+        deltas.append({"role": "assistant", "content": answer.content, "refusal": None})
     for index, call in enumerate(answer.tool_calls):
         opening: JSON = {
             "tool_calls": [

@@ -13,7 +13,8 @@ says ``hello``, events arrive as ``events_api`` envelopes the client must acknow
         [reply] = await slack.wait_posts("D1")         # what the bot posted there
 
 Web API: ``auth.test``, ``apps.connections.open``, ``chat.postMessage`` (the bot's own messages
-are echoed back as events, as Slack does), ``reactions.add``/``remove``, the three-step file
+are echoed back as events, as Slack does), ``chat.update`` and ``chat.delete`` (of the bot's
+own posts; ``message_not_found`` otherwise), ``reactions.add``/``remove``, the three-step file
 upload (``files.getUploadURLExternal``, the upload URL, ``files.completeUploadExternal``) and
 file downloads that need the bot token. ``fail_next(method, ...)`` answers one call with an
 error, or HTTP 429 with ``Retry-After``; ``refuse_posts`` refuses every post. No wait here is on
@@ -46,6 +47,8 @@ class Post:
     thread_ts: str | None = None
     user: str = BOT_USER
     files: list[dict[str, Any]] = field(default_factory=list)
+    edits: list[str] = field(default_factory=list)
+    """The texts ``chat.update`` replaced, oldest first (``text`` is the latest)."""
 
 
 class FakeSlack:
@@ -54,6 +57,7 @@ class FakeSlack:
         self.app_token = "xapp-fake-app-token"
         self.posts: dict[str, list[Post]] = defaultdict(list)
         self.reactions: list[tuple[str, str, str, str]] = []
+        self.deleted: list[Post] = []
         """(method, channel, ts, name) in order."""
         self.uploads: dict[str, bytes] = {}
         self.downloads: dict[str, bytes] = {}
@@ -272,6 +276,35 @@ class FakeSlack:
         post = await self._post(channel, text, args.get("thread_ts"))
         return {"channel": channel, "ts": post.ts,
                 "message": {"type": "message", "text": text, "user": BOT_USER, "ts": post.ts}}
+
+    def _find(self, args: dict[str, Any]) -> Post | None:
+        ts = str(args.get("ts") or "")
+        return next((p for p in self.posts[str(args.get("channel") or "")] if p.ts == ts), None)
+
+    async def _m_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
+        post, text = self._find(args), str(args.get("text") or "")
+        if post is None:
+            return {"error": "message_not_found"}
+        if not text:
+            return {"error": "no_text"}
+        if len(text) > 40000:
+            return {"error": "msg_too_long"}
+        post.edits.append(post.text)
+        post.text = text
+        if self.echo:  # Slack tells the app about the edit, as a hidden message_changed
+            await self.event({"type": "message", "subtype": "message_changed", "hidden": True,
+                              "channel": post.channel, "ts": self.next_ts(),
+                              "message": {"type": "message", "user": BOT_USER,
+                                          "bot_id": BOT_ID, "text": text, "ts": post.ts}})
+        return {"channel": post.channel, "ts": post.ts, "text": text}
+
+    async def _m_chat_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        post = self._find(args)
+        if post is None:
+            return {"error": "message_not_found"}
+        self.posts[post.channel].remove(post)
+        self.deleted.append(post)
+        return {"channel": post.channel, "ts": post.ts}
 
     async def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
         user = str(args.get("user") or "")

@@ -1,4 +1,4 @@
-"""Memory files: writes, BM25 search over paragraphs, the per-file cache and recall."""
+"""Memory files: writes, FTS5 bm25 search over paragraphs, the per-file cache and recall."""
 
 from __future__ import annotations
 

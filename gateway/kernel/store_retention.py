@@ -1,0 +1,290 @@
+"""Retention and size of the database (issue 24): what ``retention`` removes, and the figures
+``parley db stats`` shows.
+
+Plain functions over one ``sqlite3.Connection``, or PostgreSQL's connection of the same shape
+(``store_pg.SyncConnection``: statements in SQLite's dialect, rewritten; ``twin`` where they
+differ): the gateway runs them as short write transactions through ``Store._write``
+(``gateway/retention.py``: a batch per transaction, so a turn's write never waits long; on
+PostgreSQL in the process holding the schedules' leader lease), ``parley db`` on a connection of
+its own. New queries only, over the existing tables; nothing here is on a turn's path.
+
+What may go, and what never does:
+
+- delivered ``outbox`` rows and answered (``done``) ``inbox`` rows past their age (pending,
+  dead and unanswered rows stay);
+- ``context_snapshots`` past their age (the turns stay; ``parley context`` says a turn has no
+  snapshot);
+- a session's raw turns (``messages`` with their search entries, ``turns`` and their snapshots)
+  past their age or beyond a size per session, oldest first, and only those a compaction summary
+  already covers (ids below the session's last ``first_kept_id``): what a turn reads is never
+  touched. ``llm_calls`` (the usage ledger) always stay.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from gateway.kernel.config_retention import RetentionConfig
+from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import twin
+
+Removed = dict[str, int]
+
+
+@dataclass
+class Policy:
+    """Ages in seconds, sizes in bytes; 0 means keep."""
+
+    turns_max_age: float = 0.0
+    turns_max_per_session: int = 0
+    snapshots_max_age: float = 0.0
+    outbox_delivered_max_age: float = 0.0
+    inbox_done_max_age: float = 0.0
+    batch: int = 500
+
+
+@dataclass
+class Pass:
+    """One run over every rule; ``removed`` counts rows per table, ``more`` says a rule
+    stopped at its batch and has more to remove."""
+
+    removed: Removed = field(default_factory=dict)
+    more: bool = False
+
+    def add(self, table: str, n: int) -> None:
+        if n:
+            self.removed[table] = self.removed.get(table, 0) + n
+
+
+def _cutoff(now: datetime, seconds: float) -> str:
+    return (now - timedelta(seconds=seconds)).isoformat()
+
+
+def _postgres(conn: Any) -> bool:
+    """The connection is PostgreSQL's (``store_pg.SyncConnection``), not SQLite's."""
+    return not isinstance(conn, sqlite3.Connection)
+
+
+def _ids(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[int]:
+    return [int(r[0]) for r in conn.execute(sql, params)]
+
+
+def _delete_ids(conn: sqlite3.Connection, table: str, column: str,
+                ids: list[int] | list[str]) -> int:
+    if not ids:
+        return 0
+    if _postgres(conn):  # one statement text whatever the count (an array, not N marks)
+        return int(conn.execute(f"DELETE FROM {table} WHERE {column} = ANY(?)",
+                                (list(ids),)).rowcount)
+    marks = ",".join("?" * len(ids))
+    return conn.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids).rowcount
+
+
+def prune_queues(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
+    """Delivered outbox rows and answered inbox rows past their age, one batch each."""
+    done = Pass()
+    if policy.outbox_delivered_max_age > 0:
+        ids = _ids(conn, "SELECT id FROM outbox WHERE status = 'delivered' AND delivered_at < ? "
+                   "ORDER BY id LIMIT ?",
+                   (_cutoff(now, policy.outbox_delivered_max_age), policy.batch))
+        done.add("outbox", _delete_ids(conn, "outbox", "id", ids))
+        done.more |= len(ids) == policy.batch
+    if policy.inbox_done_max_age > 0:
+        ids = _ids(conn, "SELECT id FROM inbox WHERE status = 'done' AND done_at < ? "
+                   "ORDER BY id LIMIT ?", (_cutoff(now, policy.inbox_done_max_age), policy.batch))
+        done.add("inbox", _delete_ids(conn, "inbox", "id", ids))
+        done.more |= len(ids) == policy.batch
+    return done
+
+
+def prune_snapshots(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
+    done = Pass()
+    if policy.snapshots_max_age > 0:
+        key = "seq" if _postgres(conn) else "rowid"  # PostgreSQL has no rowid
+        ids = _ids(conn, f"SELECT {key} FROM context_snapshots WHERE created_at < ? "
+                   f"ORDER BY {key} LIMIT ?", (_cutoff(now, policy.snapshots_max_age),
+                                               policy.batch))
+        done.add("context_snapshots", _delete_ids(conn, "context_snapshots", key, ids))
+        done.more = len(ids) == policy.batch
+    return done
+
+
+_SUMMARISED = ("SELECT c.session_id, MAX(c.first_kept_id) FROM compactions c "
+               "GROUP BY c.session_id")
+_TURNS = twin("SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
+              "json_extract(s.detail, '$.inputs.history_ids[0]') FROM messages m "
+              "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
+              "WHERE m.session_id = ? GROUP BY m.turn_id ORDER BY MIN(m.id)",
+              "SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
+              "MIN((s.detail::jsonb #>> '{inputs,history_ids,0}')::bigint) FROM messages m "
+              "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
+              "WHERE m.session_id = %s GROUP BY m.turn_id ORDER BY MIN(m.id)")
+
+
+def _remove_turns(conn: sqlite3.Connection, turns: list[str], done: Pass) -> None:
+    """Turns with their messages, search entries and snapshots."""
+    if not turns:
+        return
+    if _postgres(conn):
+        ids = _ids(conn, "SELECT id FROM messages WHERE turn_id = ANY(?)", (turns,))
+        done.add("message_search_plain", _delete_ids(conn, "message_search_plain", "id", ids))
+    else:
+        marks = ",".join("?" * len(turns))
+        ids = _ids(conn, f"SELECT id FROM messages WHERE turn_id IN ({marks})", tuple(turns))
+        for table, column in (("message_search", "rowid"), ("message_search_plain", "id")):
+            try:
+                done.add(table, _delete_ids(conn, table, column, ids))
+            except sqlite3.OperationalError:  # that index is not in this database
+                pass
+    done.add("messages", _delete_ids(conn, "messages", "id", ids))
+    done.add("context_snapshots", _delete_ids(conn, "context_snapshots", "turn_id", turns))
+    done.add("turns", _delete_ids(conn, "turns", "id", turns))
+
+
+def _removable(rows: list[tuple[str, int, str, int, int | None]], first_kept: int,
+               cutoff: str | None, cap: int, left: int) -> list[str]:
+    """The oldest turns that may go: summarised (below ``first_kept``), past ``cutoff`` or
+    beyond ``cap`` bytes, and read by no turn that stays (each snapshot names the first
+    message its history read: a turn kept must replay as it was sent)."""
+    later_start = [0] * (len(rows) + 1)  # the least history start of the turns after i
+    least = first_kept
+    for i in range(len(rows) - 1, -1, -1):
+        later_start[i + 1] = least
+        start = rows[i][4]
+        if start is not None:
+            least = min(least, int(start))
+    total = sum(r[3] or 0 for r in rows)
+    best = 0  # the longest prefix that may go whole (no turn after it reads into it)
+    for i, (_, last_id, created, size, _) in enumerate(rows):
+        old = cutoff is not None and created < cutoff
+        if last_id >= first_kept or not (old or (cap > 0 and total > cap)):
+            break
+        total -= size or 0
+        if last_id < later_start[i + 1]:
+            best = i + 1
+            if best >= left:  # a batch's worth (more than one only when no smaller prefix may go)
+                break
+    return [r[0] for r in rows[:best]]
+
+
+def prune_turns(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
+    """Summarised turns past ``turns_max_age``, or beyond ``turns_max_per_session`` (oldest
+    first), a batch in all."""
+    done = Pass()
+    if policy.turns_max_age <= 0 and policy.turns_max_per_session <= 0:
+        return done
+    cutoff = _cutoff(now, policy.turns_max_age) if policy.turns_max_age > 0 else None
+    left = policy.batch
+    for session_id, first_kept in conn.execute(_SUMMARISED).fetchall():
+        if left <= 0:
+            done.more = True
+            break
+        rows = conn.execute(_TURNS, (session_id,)).fetchall()
+        turns = _removable(rows, int(first_kept), cutoff, policy.turns_max_per_session, left)
+        _remove_turns(conn, turns, done)
+        left -= len(turns)
+        done.more |= left <= 0
+    return done
+
+
+def prune_once(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
+    """Every rule once, one batch each."""
+    out = Pass()
+    for rule in (prune_queues, prune_snapshots, prune_turns):
+        part = rule(conn, policy, now)
+        for table, n in part.removed.items():
+            out.add(table, n)
+        out.more |= part.more
+    return out
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+COUNTED = ("sessions", "messages", "turns", "llm_calls", "context_snapshots", "layer_texts",
+           "compactions", "inbox", "outbox")
+
+
+def table_sizes(conn: sqlite3.Connection) -> dict[str, int]:
+    """Bytes per table, its indexes included (SQLite's ``dbstat``), or {} without it."""
+    try:
+        rows = conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall()
+        owners = dict(conn.execute(
+            "SELECT name, tbl_name FROM sqlite_schema WHERE type IN ('table', 'index')"
+        ).fetchall())
+    except sqlite3.Error:
+        return {}
+    out: dict[str, int] = {}
+    for name, size in rows:
+        owner = owners.get(name, name)
+        out[owner] = out.get(owner, 0) + int(size)
+    return out
+
+
+def _rows(conn: Any, tables: Any) -> dict[str, int]:
+    return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in tables}
+
+
+def _tail(conn: Any) -> dict[str, Any]:
+    return {"delivered_outbox": int(conn.execute(
+                "SELECT COUNT(*) FROM outbox WHERE status = 'delivered'").fetchone()[0]),
+            "oldest_snapshot": conn.execute(
+                "SELECT MIN(created_at) FROM context_snapshots").fetchone()[0]}
+
+
+def stats_postgres(conn: Any) -> dict[str, Any]:
+    """``stats`` on PostgreSQL: the database's size, each table's with its indexes and TOAST
+    (``pg_total_relation_size``); free space is PostgreSQL's own (no free-page count)."""
+    total = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+    sizes = {str(name): int(size) for name, size in conn.execute(
+        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind = 'r'")}
+    rows = _rows(conn, [t for t in COUNTED if t in sizes])
+    used, turns = sum(sizes.values()), rows.get("turns", 0)
+    return {"bytes": total, "used_bytes": used, "free_bytes": None, "rows": rows,
+            "table_bytes": sizes, "bytes_per_turn": round(used / turns) if turns else None,
+            **_tail(conn)}
+
+
+def stats(conn: sqlite3.Connection) -> dict[str, Any]:
+    """What ``parley db stats`` shows: pages, free pages, rows and bytes per table, and
+    bytes per stored turn."""
+    if _postgres(conn):
+        return stats_postgres(conn)
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    rows: dict[str, int] = {}
+    for table in COUNTED:
+        try:
+            rows[table] = int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+        except sqlite3.OperationalError:
+            continue
+    used = (pages - free) * page
+    turns = rows.get("turns", 0)
+    return {"bytes": pages * page, "used_bytes": used, "free_bytes": free * page,
+            "rows": rows, "table_bytes": table_sizes(conn),
+            "bytes_per_turn": round(used / turns) if turns else None, **_tail(conn)}
+
+
+def policy_of(config: RetentionConfig) -> Policy:
+    return Policy(turns_max_age=config.turns_max_age,
+                  turns_max_per_session=int(config.turns_max_per_session),
+                  snapshots_max_age=config.snapshots_max_age,
+                  outbox_delivered_max_age=config.outbox_delivered_max_age,
+                  inbox_done_max_age=config.inbox_done_max_age, batch=config.batch)
+
+
+async def prune_store(db: Database, policy: Policy, now: datetime) -> Pass:
+    """One batch of every rule in one short write transaction of the gateway's connection
+    (the same lock as a turn's writes: a turn waits at most for one batch)."""
+    return await db._write(lambda conn: prune_once(conn, policy, now))
+
+
+async def stats_store(db: Database) -> dict[str, Any]:
+    """``stats`` over the gateway's own connection (how ``parley db stats`` reads
+    PostgreSQL)."""
+    return await db._write(stats)

@@ -1,0 +1,65 @@
+"""The database's retention, in the background (issue 24; the rules: ``retention`` in the
+config, the queries: ``gateway/kernel/store_retention.py``).
+
+Every ``retention.sweep_every`` (and once soon after the start) the rules run a batch at a time,
+each batch one short transaction, yielding between batches so turns go first; it never runs on
+a turn's path. Removed rows leave free pages that the file reuses; ``parley db vacuum`` gives
+the space back to the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from gateway.kernel.config_retention import RetentionConfig
+from gateway.kernel.events import utcnow
+from gateway.kernel.store import Store
+from gateway.kernel.store_retention import Removed, policy_of, prune_store
+from gateway.periodic import run_every
+
+_log = logging.getLogger(__name__)
+
+MAX_BATCHES = 10_000
+"""Batches per sweep at most (the rest waits for the next sweep)."""
+
+
+class Retention:
+    def __init__(self, config: RetentionConfig, store: Store, *,
+                 now: Callable[[], datetime] = utcnow) -> None:
+        self.config = config
+        self.policy = policy_of(config)
+        self.store = store
+        self.now = now
+        self.last: Removed | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def sweep_once(self) -> Removed:
+        """Every rule until nothing is due (or ``MAX_BATCHES``); rows removed per table."""
+        total: Removed = {}
+        now = self.now()
+        for _ in range(MAX_BATCHES):
+            done = await prune_store(self.store, self.policy, now)
+            for table, n in done.removed.items():
+                total[table] = total.get(table, 0) + n
+            if not done.more:
+                break
+            await asyncio.sleep(0)  # turns waiting for the write lock go first
+        if total:
+            _log.info("retention: removed %s", ", ".join(f"{n} {t}" for t, n in total.items()))
+        self.last = total
+        return total
+
+    async def _run(self) -> None:
+        await run_every(self.config.sweep_every, self.sweep_once, "retention")
