@@ -251,6 +251,8 @@ class Gateway:
 
     async def _teardown(self) -> None:
         self.bus.close()
+        if self.cluster_worker is not None:  # takes no more work (nor the schedules) first
+            await self.cluster_worker.stop_claiming()
         if self.agent is not None:
             await self.agent.stop(self.grace)
         if self.subagents is not None:  # background ones; their results are not delivered

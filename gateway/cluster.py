@@ -43,7 +43,10 @@ class ClusterWorker:
         self.leading: set[str] = set()
         self._wake = asyncio.Event()
         self._waiting = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._claiming: list[asyncio.Task[None]] = []
+        """Listening and claiming: ended first by a clean stop (``stop_claiming``)."""
+        self._renewing: asyncio.Task[None] | None = None
 
     @property
     def me(self) -> str:
@@ -55,15 +58,26 @@ class ClusterWorker:
         self.taking_work = True
         await self._round()  # what the last run (or a dead process) left, first
         self.members = await self.cluster.members()
-        self._tasks = [asyncio.create_task(self._listen(), name="cluster-listen"),
-                       asyncio.create_task(self._claims(), name="cluster-claims"),
-                       asyncio.create_task(self._renewals(), name="cluster-lease")]
+        self._claiming = [asyncio.create_task(self._listen(), name="cluster-listen"),
+                          asyncio.create_task(self._claims(), name="cluster-claims")]
+        self._renewing = asyncio.create_task(self._renewals(), name="cluster-lease")
+
+    async def stop_claiming(self) -> None:
+        """The start of a clean stop: no more messages, replies or leader leases taken (a
+        peer leaving wakes this process; it must not take the schedules while it stops). The
+        lease is still renewed while the turns in hand finish."""
+        self._closing = True
+        for task in self._claiming:
+            task.cancel()
+        await asyncio.gather(*self._claiming, return_exceptions=True)
+        self._claiming.clear()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self.stop_claiming()
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+            self._renewing = None
         await self.cluster.close()
         if self.taking_work:
             try:
@@ -74,6 +88,8 @@ class ClusterWorker:
 
     async def try_lead(self) -> None:
         for name, start in self.leaders.items():
+            if self._closing:
+                return
             if name not in self.leading and await self.cluster.lead(name):
                 self.leading.add(name)
                 _log.info("cluster: this process now runs %s", name)
@@ -98,8 +114,10 @@ class ClusterWorker:
             left = await self.cluster.next_expiry()
             if self._waiting:  # another process's chats have work: look again within a lease
                 left = min(left if left is not None else self.cluster.lease, self.cluster.lease)
-            try:
-                await asyncio.wait_for(self._wake.wait(), None if left is None else left + 0.05)
+            try:  # not asyncio.wait_for: on 3.11 it swallows a cancel that comes as the
+                # wake-up does (gh-86296), and a stopping gateway then waited here for ever
+                async with asyncio.timeout(None if left is None else left + 0.05):
+                    await self._wake.wait()
             except TimeoutError:
                 pass  # a peer's lease ran out: its chats may need this process
             self._wake.clear()

@@ -109,6 +109,25 @@ async def _answers(url: str) -> tuple[dict[str, list[str]], dict[str, list[str]]
     return sessions, outbox
 
 
+async def _stop_all(procs: list[asyncio.subprocess.Process],
+                    drains: list[asyncio.Task[None]]) -> None:
+    """SIGTERM every process still running and wait for each (bounded); one that does not
+    stop is killed (no orphan outlives the test) and the test fails naming it."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    stuck: list[int] = []
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            stuck.append(proc.pid)
+            proc.kill()
+            await proc.wait()
+    await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), 30)
+    assert not stuck, f"gateway process(es) {stuck} did not stop on SIGTERM"
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("processes", [2, 3])
 async def test_kill_9_of_one_process_loses_and_repeats_nothing(
@@ -162,12 +181,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
                 cluster = (await resp.json())["cluster"]
         sessions, outbox = await _answers(postgres_url)
     finally:
-        for proc in procs[1:]:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs[1:]:
-            await asyncio.wait_for(proc.wait(), 30)
-        await asyncio.gather(*drains, return_exceptions=True)
+        await _stop_all(procs, drains)
 
     assert len(sessions) == CHATS
     for c in range(CHATS):
@@ -175,7 +189,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         assert sessions[f"chat{c}"] == wanted, f"chat{c}'s session"
         assert outbox[f"chat{c}"] == wanted, f"chat{c}'s delivered replies"
     assert cluster["taking_work"] and cluster["processes"]
-    assert all(p["returncode"] == 0 for p in [{"returncode": q.returncode} for q in procs[1:]])
+    assert all(q.returncode == 0 for q in procs[1:])  # the survivors stopped cleanly
 
 
 @pytest.mark.timeout(180)
@@ -203,7 +217,7 @@ async def test_a_job_due_once_fires_once_across_three_processes(
         proc, base = await _start_gateway(path)
         procs.append(proc)
         bases.append(base)
-        drains.append(asyncio.create_task(_drain_stderr(proc)))
+        drains.append(asyncio.create_task(_drain_stderr(proc, path.with_suffix(".log"))))
     try:
         async with aiohttp.ClientSession() as http:
             async def records(wait: str = "0") -> list[str]:
@@ -234,11 +248,7 @@ async def test_a_job_due_once_fires_once_across_three_processes(
             leaders = [m for m in members if "schedules" in m["leads"]]
             assert len(members) == 3 and len(leaders) == 1
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            await asyncio.wait_for(proc.wait(), 30)
-        await asyncio.gather(*drains, return_exceptions=True)
+        await _stop_all(procs, drains)
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         cur = await conn.execute("SELECT COUNT(*) FROM cron_runs")
         assert await cur.fetchone() == (1,)
@@ -266,7 +276,7 @@ async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_k
             proc, base = await _start_gateway(path)
             procs.append(proc)
             bases.append(base)
-            drains.append(asyncio.create_task(_drain_stderr(proc)))
+            drains.append(asyncio.create_task(_drain_stderr(proc, path.with_suffix(".log"))))
         try:
             async with aiohttp.ClientSession() as http:
                 async def cluster(base: str) -> dict[str, Any]:
@@ -301,9 +311,4 @@ async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_k
                 else:
                     pytest.fail(f"the survivor's health never showed it polling: {members}")
         finally:
-            for proc in procs:
-                if proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                await asyncio.wait_for(proc.wait(), 30)
-            await asyncio.gather(*drains, return_exceptions=True)
+            await _stop_all(procs, drains)
