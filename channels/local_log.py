@@ -34,7 +34,26 @@ CREATE TABLE IF NOT EXISTS local_replies (
 """
 SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
 """PostgreSQL's twin: the same table, a BIGSERIAL ``seq`` (never handed out twice either)."""
-TABLES = register(TableSet("local_log", (Migration(1, SCHEMA, SCHEMA_PG),), ("local_replies",),
+SHARED_PG = """
+ALTER TABLE local_replies ALTER COLUMN seq DROP DEFAULT;
+CREATE OR REPLACE FUNCTION parley_local_reply() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(19001);
+    IF NEW.seq IS NULL THEN
+        NEW.seq := nextval(pg_get_serial_sequence('local_replies', 'seq'));
+    END IF;
+    PERFORM pg_notify('parley_local', NEW.chat_id);
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER local_reply BEFORE INSERT ON local_replies
+    FOR EACH ROW EXECUTE FUNCTION parley_local_reply();
+"""
+"""Several processes write replies (issue 19): ``seq`` is taken under a lock held until the
+insert commits, so replies become visible in ``seq`` order (a reader at ``after`` = N never
+sees N + 1 before N), and ``NOTIFY parley_local`` (the chat) tells every process's local
+channel to read them. SQLite (one process) needs neither."""
+TABLES = register(TableSet("local_log", (Migration(1, SCHEMA, SCHEMA_PG),
+                                         Migration(2, "", SHARED_PG)), ("local_replies",),
                            generated_ids={"local_replies": "seq"}))
 _LAST_SEQ = twin("SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'",
                  "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
@@ -44,6 +63,8 @@ _LAST_SEQ = twin("SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'",
 class ReplyLog:
     def __init__(self, store: Database) -> None:
         self._store = store
+        self.shared = store.dialect == "postgresql"
+        """Other processes write replies too (``newer`` reads theirs)."""
 
     async def setup(self) -> None:
         await self._store.migrate(TABLES)
@@ -52,6 +73,13 @@ class ReplyLog:
         """The newest ``limit`` records, oldest first, each with its ``seq``."""
         rows = await self._store.fetchall(
             "SELECT seq, record FROM local_replies ORDER BY seq DESC LIMIT ?", (limit,))
+        return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
+
+    async def newer(self, chat_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        """``chat_id``'s records past ``after`` (the newest ``limit``), oldest first."""
+        rows = await self._store.fetchall(
+            "SELECT seq, record FROM local_replies WHERE chat_id = ? AND seq > ? "
+            "ORDER BY seq DESC LIMIT ?", (chat_id, after, limit))
         return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
 
     async def last_seq(self) -> int:

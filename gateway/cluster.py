@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from channels.local import LocalChannel
 from channels.telegram import TelegramChannel
 from gateway.delivery import ChannelManager
 from gateway.kernel.bus import MessageBus
@@ -37,12 +38,18 @@ class ClusterWorker:
         self.problem: str | None = None
         self.claimed = 0
         self.members: list[dict[str, Any]] = []
+        self.unclaimed = 0
+        """Inbound messages no live process had claimed, as of the last renewal."""
         self.leaders: dict[str, Callable[[], Awaitable[None]]] = {}
         """Work one process does at a time (the schedules): started here when this process
         takes the leader lease of its name, at start or when its holder died."""
         self.leading: set[str] = set()
         self._wake = asyncio.Event()
         self._waiting = False
+        self.reply_watchers: list[Callable[[str], Awaitable[None]]] = []
+        """Told the chat of each local-channel reply any process stored (``parley_local``)."""
+        self._replies: set[str] = set()
+        self._replied = asyncio.Event()
         self._closing = False
         self._claiming: list[asyncio.Task[None]] = []
         """Listening and claiming: ended first by a clean stop (``stop_claiming``)."""
@@ -57,9 +64,10 @@ class ClusterWorker:
         await self.cluster.listen()
         self.taking_work = True
         await self._round()  # what the last run (or a dead process) left, first
-        self.members = await self.cluster.members()
+        await self._look()
         self._claiming = [asyncio.create_task(self._listen(), name="cluster-listen"),
-                          asyncio.create_task(self._claims(), name="cluster-claims")]
+                          asyncio.create_task(self._claims(), name="cluster-claims"),
+                          asyncio.create_task(self._relay_replies(), name="cluster-replies")]
         self._renewing = asyncio.create_task(self._renewals(), name="cluster-lease")
 
     async def stop_claiming(self) -> None:
@@ -106,8 +114,27 @@ class ClusterWorker:
             await self.manager.resend(claimed.outbound)
 
     async def _listen(self) -> None:
-        async for _ in self.cluster.notifications():
-            self._wake.set()
+        async for channel, payload in self.cluster.notifications():
+            if channel == "parley_local":
+                self._replies.add(payload)
+                self._replied.set()
+            else:
+                self._wake.set()
+
+    async def _relay_replies(self) -> None:
+        """The chats another process (or this one) stored a local-channel reply to, handed
+        to this process's local channel (its long polls here read them): every process
+        answers the local channel's reads."""
+        while True:
+            await self._replied.wait()
+            self._replied.clear()
+            chats, self._replies = self._replies, set()
+            for chat in chats:
+                for watcher in self.reply_watchers:
+                    try:
+                        await watcher(chat)
+                    except Exception as exc:
+                        _log.warning("reading another process's local reply failed: %s", exc)
 
     async def _claims(self) -> None:
         while True:
@@ -132,7 +159,7 @@ class ClusterWorker:
             await asyncio.sleep(self.cluster.lease / 3)  # the lease's heartbeat, not a poll
             if await self.cluster.renew():
                 try:
-                    self.members = await self.cluster.members()
+                    await self._look()
                 except Exception:
                     pass
                 if not self.taking_work:
@@ -149,10 +176,16 @@ class ClusterWorker:
             except Exception:
                 continue
 
+    async def _look(self) -> None:
+        """The processes and queues health shows (read at each renewal, not per request)."""
+        self.members = await self.cluster.members()
+        self.unclaimed = await self.cluster.unclaimed()
+
     def health(self) -> dict[str, Any]:
         """This process and the others as of the last renewal (no I/O: health is cheap)."""
         out: dict[str, Any] = {"process": self.me, "taking_work": self.taking_work,
-                               "claimed": self.claimed, "lease_seconds": self.cluster.lease,
+                               "claimed": self.claimed, "unclaimed": self.unclaimed,
+                               "lease_seconds": self.cluster.lease,
                                "processes": self.members}
         if self.problem:
             out["problem"] = self.problem
@@ -166,6 +199,8 @@ def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, le
     assert isinstance(store, PgStore)
     worker = ClusterWorker(store, bus, manager, lease=lease, channels=channels)
     for channel in manager.channels.values():
+        if isinstance(channel, LocalChannel):
+            worker.reply_watchers.append(channel.replies_elsewhere)
         if isinstance(channel, TelegramChannel) and channel.config.mode == "polling":
             token = channel.config.token.get_secret_value() if channel.config.token else ""
             name = "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:12]

@@ -110,6 +110,14 @@ _CLAIM_OUTBOX = (
     "FOR UPDATE SKIP LOCKED) RETURNING id, payload, attempts, expires_at")
 
 
+_DEPTHS = (
+    "SELECT 'inbox', claimed_by, COUNT(*) FROM inbox WHERE status = 'pending' "
+    "GROUP BY claimed_by UNION ALL SELECT 'outbox', claimed_by, COUNT(*) FROM outbox "
+    "WHERE status = 'pending' GROUP BY claimed_by")
+"""Each process's queues: inbound messages it claimed and has not answered, replies it has
+not delivered yet (both read through the pending rows' partial indexes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     inbound: list[InboundMessage]
@@ -228,13 +236,15 @@ class ClusterStore:
     async def listen(self) -> None:
         self._listen = await psycopg.AsyncConnection.connect(self.store.url, autocommit=True)
         await self._listen.execute("LISTEN parley_inbox")
+        await self._listen.execute("LISTEN parley_local")
 
-    async def notifications(self) -> AsyncIterator[None]:
-        """Each time a process (this one too) stored an inbound message. One generator for
-        the connection's life: none is missed between two waits."""
+    async def notifications(self) -> AsyncIterator[tuple[str, str]]:
+        """(channel, payload) each time a process (this one too) stored an inbound message
+        (``parley_inbox``) or a local channel's reply (``parley_local``, its chat). One
+        generator for the connection's life: none is missed between two waits."""
         assert self._listen is not None
-        async for _ in self._listen.notifies():
-            yield None
+        async for note in self._listen.notifies():
+            yield note.channel, note.payload
 
     async def close(self) -> None:
         for conn in (self._listen, self._beat):
@@ -244,14 +254,25 @@ class ClusterStore:
 
     async def members(self) -> list[dict[str, Any]]:
         """Every registered process: its id, host, pid, channels, seconds of lease left
-        (negative: given up for dead) and how many chats it holds."""
+        (negative: given up for dead), how many chats it holds, its queue depths."""
         rows = await self.store._fetchall(
             f"SELECT p.id, p.host, p.pid, p.channels, p.expires_at - {_NOW}, "
             "(SELECT COUNT(*) FROM chat_leases l WHERE l.holder = p.id), "
             "(SELECT string_agg(name, ',' ORDER BY name) FROM leader_leases l "
             "WHERE l.holder = p.id) "
             "FROM cluster_processes p ORDER BY p.started_at", ())
+        depths: dict[tuple[str, str | None], int] = {
+            (r[0], r[1]): int(r[2]) for r in await self.store._fetchall(_DEPTHS, ())}
         return [{"id": r[0], "host": r[1], "pid": r[2], "channels": json.loads(r[3]),
                  "lease_left": round(float(r[4]), 1), "chats": int(r[5]),
                  "leads": r[6].split(",") if r[6] else [],
+                 "inbox_claimed": depths.get(("inbox", r[0]), 0),
+                 "outbox_pending": depths.get(("outbox", r[0]), 0),
                  "me": r[0] == self.me} for r in rows]
+
+    async def unclaimed(self) -> int:
+        """Inbound messages no live process has claimed yet (the cluster's queue)."""
+        row = await self.store._fetchone(
+            "SELECT COUNT(*) FROM inbox WHERE status = 'pending' AND (claimed_by IS NULL "
+            f"OR claimed_by NOT IN ({_LIVE}))", ())
+        return int(row[0]) if row else 0

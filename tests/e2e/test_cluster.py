@@ -189,6 +189,8 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         assert sessions[f"chat{c}"] == wanted, f"chat{c}'s session"
         assert outbox[f"chat{c}"] == wanted, f"chat{c}'s delivered replies"
     assert cluster["taking_work"] and cluster["processes"]
+    assert all({"chats", "inbox_claimed", "outbox_pending"} <= p.keys()
+               for p in cluster["processes"])
     assert all(q.returncode == 0 for q in procs[1:])  # the survivors stopped cleanly
 
 
@@ -312,3 +314,62 @@ async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_k
                     pytest.fail(f"the survivor's health never showed it polling: {members}")
         finally:
             await _stop_all(procs, drains)
+
+
+async def test_the_local_channel_answers_on_every_process(
+        make_config: Any, llm: ScriptedLLM, postgres_url: str, tmp_path: Path) -> None:
+    """Two gateways on one PostgreSQL: a message posted to either is answered once, and the
+    answer is read, in order and with the same ``seq``, from both processes' local channel
+    (whichever process ran the turn and stored the reply)."""
+    from gateway.app import Gateway
+
+    llm.echo()
+    gateways = [Gateway(make_config(database=postgres_url, cluster={"lease": "5s"},
+                                    data_dir=str(tmp_path / f"data{n}")), grace=2.0)
+                for n in range(2)]
+    for gw in gateways:
+        await gw.start()
+    try:
+        bases = [gw.local.base_url for gw in gateways if gw.local is not None]
+        assert len(bases) == 2
+        async with aiohttp.ClientSession() as http:
+            async def read(base: str, after: int, want: int) -> list[dict[str, Any]]:
+                found: list[dict[str, Any]] = []
+                for _ in range(60):  # bounded long polls; the records decide
+                    async with http.get(f"{base}/v1/messages", params={
+                            "chat_id": "c1", "wait": "1", "after": str(after)}) as resp:
+                        body = await resp.json()
+                    found += body["messages"]
+                    after = body["next"]
+                    if len(found) >= want:
+                        return found
+                pytest.fail(f"{base} showed {found}, not {want} replies")
+
+            for i in range(4):  # posted to each process in turn
+                body = {"chat_id": "c1", "sender_id": "u1", "text": f"m{i}",
+                        "message_id": f"m{i}"}
+                async with http.post(f"{bases[i % 2]}/v1/messages", json=body) as resp:
+                    assert resp.status == 202, await resp.text()
+                seen = [await read(base, 0, i + 1) for base in bases]
+                assert seen[0] == seen[1]
+                assert [r["text"] for r in seen[0]] == [f"echo: m{j}" for j in range(i + 1)]
+            # health's queue depths: a message claimed and not yet answered is its holder's
+            gate = llm.hold()
+            llm.reply("held")
+            async with http.post(f"{bases[0]}/v1/messages", json={
+                    "chat_id": "c1", "sender_id": "u1", "text": "m4",
+                    "message_id": "m4"}) as resp:
+                assert resp.status == 202
+            await llm.wait_in_flight(1)
+            worker = gateways[0].cluster_worker
+            assert worker is not None
+            await worker._look()  # what each renewal reads (not waited for here)
+            health = worker.health()
+            assert health["unclaimed"] == 0
+            assert sorted(p["inbox_claimed"] for p in health["processes"]) == [0, 1]
+            gate.release()
+            last = seen[0][-1]["seq"]
+            assert [r["text"] for r in await read(bases[1], last, 1)] == ["held"]
+    finally:
+        for gw in gateways:
+            await gw.stop()
