@@ -90,8 +90,14 @@ CLUSTER = register(TableSet("cluster", (Migration(1, "", _SCHEMA_PG),), ()))
 _NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 _LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
 _CANDIDATES = (
-    "SELECT DISTINCT channel, chat_id FROM inbox WHERE status = 'pending' "
-    f"AND channel = ANY(?) AND (claimed_by IS NULL OR claimed_by NOT IN ({_LIVE})) LIMIT 2000")
+    "SELECT DISTINCT i.channel, i.chat_id, EXISTS (SELECT 1 FROM chat_leases l "
+    "WHERE l.channel = i.channel AND l.chat_id = i.chat_id AND l.holder <> ? "
+    f"AND l.holder IN ({_LIVE})) FROM inbox i WHERE i.status = 'pending' "
+    "AND i.channel = ANY(?) "
+    f"AND (i.claimed_by IS NULL OR i.claimed_by NOT IN ({_LIVE})) LIMIT 2000")
+"""The chats with messages no live process claimed, and whether another live process holds
+each (those are left to it: trying its lease would lock the row its holder claims through,
+and the processes would take turns instead of claiming side by side)."""
 _TAKE_LEASES = (
     "INSERT INTO chat_leases (channel, chat_id, holder, since) "
     f"SELECT c, h, ?, {_NOW} FROM unnest(?::text[], ?::text[]) AS t(c, h) ORDER BY c, h "
@@ -176,7 +182,9 @@ class ClusterStore:
         me, channels = self.me, self.channels
 
         def claim(db: Any) -> tuple[list[Any], list[Any], bool]:
-            chats = sorted(tuple(r) for r in db.execute(_CANDIDATES, (channels,)).fetchall())
+            found = db.execute(_CANDIDATES, (me, channels)).fetchall()
+            chats = sorted((r[0], r[1]) for r in found if not r[2])
+            elsewhere = any(r[2] for r in found)
             taken: list[Any] = []
             held: list[Any] = []
             if chats:
@@ -190,7 +198,7 @@ class ClusterStore:
                     taken = db.execute(_CLAIM, (me, [c[0] for c in held],
                                                 [c[1] for c in held])).fetchall()
             out = db.execute(_CLAIM_OUTBOX, (me, channels)).fetchall()
-            return sorted(taken), sorted(out), bool(chats) and len(held) < len(chats)
+            return sorted(taken), sorted(out), elsewhere or len(held) < len(chats)
 
         taken, out, waiting = await self.store._write(claim)
         return Claimed(

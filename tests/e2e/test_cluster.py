@@ -22,6 +22,7 @@ import yaml
 
 from tests.e2e.test_durability import _drain_stderr, _start_gateway
 from tests.fakes.openai_server import ScriptedLLM
+from tests.fakes.openai_wire import Gate
 
 CHATS, PER_CHAT = 100, 20
 
@@ -132,16 +133,23 @@ async def _stop_all(procs: list[asyncio.subprocess.Process],
 @pytest.mark.parametrize("processes", [2, 3])
 async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         tmp_path: Path, llm: ScriptedLLM, postgres_url: str, processes: int) -> None:
+    """The victim starts alone and takes half the chats; then the others start and the first
+    half of every chat's messages go to any process, with the model's answers held: the victim
+    certainly holds messages it has not answered when it is killed (not a matter of timing).
+    The rest go to the survivors."""
     llm.echo()
     procs: list[asyncio.subprocess.Process] = []
     drains: list[asyncio.Task[None]] = []
     bases: list[str] = []
-    for n in range(processes):
+
+    async def start(n: int) -> None:
         proc, base = await _start_gateway(_config(tmp_path, llm, postgres_url, f"gw{n}"))
         procs.append(proc)
         bases.append(base)
         drains.append(asyncio.create_task(_drain_stderr(proc, tmp_path / f"gw{n}.log")))
+
     watch = Watch(postgres_url)
+    await start(0)
     victim = procs[0]
     try:
         async with aiohttp.ClientSession() as http:
@@ -155,26 +163,30 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
                 for i in range(first, last):  # in order within a chat, any process
                     await post(to[(chat + i) % len(to)], chat, i)
 
+            mine = CHATS // 2  # the victim alone: it holds these chats from now on
+            await asyncio.gather(*(feed(c, 0, 1, bases) for c in range(mine)))
+            await _wait_db(watch, lambda s: s["done"] == mine, "the victim's first answers", 60)
+            for n in range(1, processes):
+                await start(n)
+            gate = Gate()
+            llm.echo(gate=gate)  # answers held: claimed messages stay unanswered
             half = PER_CHAT // 2
-            await asyncio.gather(*(feed(c, 0, half, bases) for c in range(CHATS)))
-            # mid-run: the victim is holding chats with messages it has not answered yet
+            await asyncio.gather(*(feed(c, 1 if c < mine else 0, half, bases)
+                                   for c in range(CHATS)))
             pid = victim.pid
-            await _wait_db(watch, lambda s: s["done"] >= 100, "100 answered", 60)
-
-            async def victim_busy() -> bool:
-                return await watch.claimed_by(pid) > 0
-            for _ in range(2000):
-                if await victim_busy():
+            for _ in range(2000):  # bounded; the rows decide
+                if await watch.claimed_by(pid) > 0:
                     break
                 await asyncio.sleep(0.01)
             else:
-                pytest.fail("the victim never held unanswered messages")
+                pytest.fail("the victim never claimed its chats' messages")
             victim.send_signal(signal.SIGKILL)
             await victim.wait()
+            gate.release()
 
             await asyncio.gather(*(feed(c, half, PER_CHAT, bases[1:]) for c in range(CHATS)))
             await _wait_db(watch, lambda s: s["done"] == CHATS * PER_CHAT and not s["pending"],
-                           "every message answered", 100)
+                           "every message answered", 150)
             await _wait_outbox_delivered(postgres_url, CHATS * PER_CHAT)
             survivors = bases[1:]
             async with http.get(f"{survivors[0]}/v1/health") as resp:
