@@ -110,6 +110,18 @@ async def _answers(url: str) -> tuple[dict[str, list[str]], dict[str, list[str]]
     return sessions, outbox
 
 
+async def _wait_running(base: str) -> None:
+    """Until the process's health says it runs (its cluster tables made, its lease taken):
+    "listening on" is logged as its local channel starts, before that."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):  # bounded; the health decides
+            async with http.get(f"{base}/v1/health") as resp:
+                if (await resp.json()).get("gateway") == "running":
+                    return
+            await asyncio.sleep(0.05)
+    pytest.fail(f"{base} never said it runs")
+
+
 async def _stop_all(procs: list[asyncio.subprocess.Process],
                     drains: list[asyncio.Task[None]]) -> None:
     """SIGTERM every process still running and wait for each (bounded); one that does not
@@ -147,6 +159,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
         procs.append(proc)
         bases.append(base)
         drains.append(asyncio.create_task(_drain_stderr(proc, tmp_path / f"gw{n}.log")))
+        await _wait_running(base)
 
     watch = Watch(postgres_url)
     await start(0)
