@@ -27,16 +27,20 @@ from tests.fakes.openai_wire import Gate
 CHATS, PER_CHAT = 100, 20
 
 
-def _config(tmp_path: Path, llm: ScriptedLLM, database: str, name: str) -> Path:
+def _config(tmp_path: Path, llm: ScriptedLLM, database: str, name: str,
+            **extra: Any) -> Path:
+    """A gateway's config in ``tmp_path/name``; ``extra``: more top-level sections (and
+    ``channels`` beside the local one)."""
     folder = tmp_path / name
     folder.mkdir()
     path = folder / "config.yaml"
+    channels = {"local": {"port": 0}, **extra.pop("channels", {})}
     path.write_text(yaml.safe_dump({
         "workspace": "../ws", "data_dir": "data", "database": database,
         "cluster": {"lease": "5s"},
         "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k",
                   "queue_mode": "followup", "max_concurrent_turns": 16},
-        "channels": {"local": {"port": 0}}}))
+        "channels": channels, **extra}))
     return path
 
 
@@ -122,23 +126,39 @@ async def _wait_running(base: str) -> None:
     pytest.fail(f"{base} never said it runs")
 
 
-async def _stop_all(procs: list[asyncio.subprocess.Process],
-                    drains: list[asyncio.Task[None]]) -> None:
-    """SIGTERM every process still running and wait for each (bounded); one that does not
-    stop is killed (no orphan outlives the test) and the test fails naming it."""
-    for proc in procs:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-    stuck: list[int] = []
-    for proc in procs:
-        try:
-            await asyncio.wait_for(proc.wait(), 60)
-        except TimeoutError:
-            stuck.append(proc.pid)
-            proc.kill()
-            await proc.wait()
-    await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), 30)
-    assert not stuck, f"gateway process(es) {stuck} did not stop on SIGTERM"
+class Processes:
+    """The ``parley gateway`` subprocesses of one test: each started until its health says
+    it runs, its log kept beside its config; ``stop`` ends them all."""
+
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.bases: list[str] = []
+        self._drains: list[asyncio.Task[None]] = []
+
+    async def start(self, path: Path) -> str:
+        proc, base = await _start_gateway(path)
+        self.procs.append(proc)
+        self.bases.append(base)
+        self._drains.append(asyncio.create_task(_drain_stderr(proc, path.with_suffix(".log"))))
+        await _wait_running(base)
+        return base
+
+    async def stop(self) -> None:
+        """SIGTERM every process still running and wait for each (bounded); one that does not
+        stop is killed (no orphan outlives the test) and the test fails naming it."""
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        stuck: list[int] = []
+        for proc in self.procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                stuck.append(proc.pid)
+                proc.kill()
+                await proc.wait()
+        await asyncio.wait_for(asyncio.gather(*self._drains, return_exceptions=True), 30)
+        assert not stuck, f"gateway process(es) {stuck} did not stop on SIGTERM"
 
 
 @pytest.mark.timeout(300)
@@ -150,21 +170,16 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
     certainly holds messages it has not answered when it is killed (not a matter of timing).
     The rest go to the survivors."""
     llm.echo()
-    procs: list[asyncio.subprocess.Process] = []
-    drains: list[asyncio.Task[None]] = []
-    bases: list[str] = []
+    gateways = Processes()
+    procs, bases = gateways.procs, gateways.bases
 
     async def start(n: int) -> None:
-        proc, base = await _start_gateway(_config(tmp_path, llm, postgres_url, f"gw{n}"))
-        procs.append(proc)
-        bases.append(base)
-        drains.append(asyncio.create_task(_drain_stderr(proc, tmp_path / f"gw{n}.log")))
-        await _wait_running(base)
+        await gateways.start(_config(tmp_path, llm, postgres_url, f"gw{n}"))
 
     watch = Watch(postgres_url)
-    await start(0)
-    victim = procs[0]
     try:
+        await start(0)
+        victim = procs[0]
         async with aiohttp.ClientSession() as http:
             async def post(base: str, chat: int, i: int) -> None:
                 body = {"chat_id": f"chat{chat}", "sender_id": "u1", "text": f"{chat}:{i}",
@@ -206,7 +221,7 @@ async def test_kill_9_of_one_process_loses_and_repeats_nothing(
                 cluster = (await resp.json())["cluster"]
         sessions, outbox = await _answers(postgres_url)
     finally:
-        await _stop_all(procs, drains)
+        await gateways.stop()
 
     assert len(sessions) == CHATS
     for c in range(CHATS):
@@ -233,19 +248,12 @@ async def test_a_job_due_once_fires_once_across_three_processes(
         await jobs.add(NewJob("tea", "tea time", "at", "1s", "local", "c1"))
     finally:
         await store.close()
-    procs: list[asyncio.subprocess.Process] = []
-    bases: list[str] = []
-    drains: list[asyncio.Task[None]] = []
-    for n in range(3):
-        path = _config(tmp_path, llm, postgres_url, f"gw{n}")
-        data = yaml.safe_load(path.read_text())
-        data["cron"] = {"poll_interval": "0.2s"}
-        path.write_text(yaml.safe_dump(data))
-        proc, base = await _start_gateway(path)
-        procs.append(proc)
-        bases.append(base)
-        drains.append(asyncio.create_task(_drain_stderr(proc, path.with_suffix(".log"))))
+    gateways = Processes()
+    bases = gateways.bases
     try:
+        for n in range(3):
+            await gateways.start(_config(tmp_path, llm, postgres_url, f"gw{n}",
+                                         cron={"poll_interval": "0.2s"}))
         async with aiohttp.ClientSession() as http:
             async def records(wait: str = "0") -> list[str]:
                 out: list[str] = []
@@ -259,13 +267,6 @@ async def test_a_job_due_once_fires_once_across_three_processes(
                 async with http.get(f"{base}/v1/health") as resp:
                     return dict(await resp.json())
 
-            for _ in range(300):  # bounded; every process started, schedules and all
-                states = [await health(base) for base in bases]
-                if all(s["gateway"] == "running" for s in states):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail(f"not every process started: {states}")
             for _ in range(20):  # bounded: at most 20 rounds of three 1 s long polls
                 if await records("1"):
                     break
@@ -275,7 +276,7 @@ async def test_a_job_due_once_fires_once_across_three_processes(
             leaders = [m for m in members if "schedules" in m["leads"]]
             assert len(members) == 3 and len(leaders) == 1
     finally:
-        await _stop_all(procs, drains)
+        await gateways.stop()
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         cur = await conn.execute("SELECT COUNT(*) FROM cron_runs")
         assert await cur.fetchone() == (1,)
@@ -289,22 +290,15 @@ async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_k
     llm.echo()
     async with FakeTelegram() as tg:
         ada = tg.user(1001, "Ada", username="ada")
-        procs: list[asyncio.subprocess.Process] = []
-        bases: list[str] = []
-        drains: list[asyncio.Task[None]] = []
-        for n in range(2):
-            path = _config(tmp_path, llm, postgres_url, f"gw{n}")
-            data = yaml.safe_load(path.read_text())
-            data["channels"]["telegram"] = {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url,
-                "base_file_url": tg.base_file_url, "poll_timeout": "1s", "watchdog": "10s",
-                "allow_from": [str(ada["id"])]}
-            path.write_text(yaml.safe_dump(data))
-            proc, base = await _start_gateway(path)
-            procs.append(proc)
-            bases.append(base)
-            drains.append(asyncio.create_task(_drain_stderr(proc, path.with_suffix(".log"))))
+        gateways = Processes()
+        procs, bases = gateways.procs, gateways.bases
+        telegram = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
+                    "base_file_url": tg.base_file_url, "poll_timeout": "1s",
+                    "watchdog": "10s", "allow_from": [str(ada["id"])]}
         try:
+            for n in range(2):
+                await gateways.start(_config(tmp_path, llm, postgres_url, f"gw{n}",
+                                             channels={"telegram": telegram}))
             async with aiohttp.ClientSession() as http:
                 async def cluster(base: str) -> dict[str, Any]:
                     async with http.get(f"{base}/v1/health") as resp:
@@ -338,7 +332,7 @@ async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_k
                 else:
                     pytest.fail(f"the survivor's health never showed it polling: {members}")
         finally:
-            await _stop_all(procs, drains)
+            await gateways.stop()
 
 
 async def test_the_local_channel_answers_on_every_process(
