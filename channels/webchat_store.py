@@ -44,7 +44,27 @@ CREATE INDEX IF NOT EXISTS webchat_log_media ON webchat_log(media_name)
 """
 SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
 """PostgreSQL's twin: the same table, a BIGSERIAL ``seq``."""
-TABLES = register(TableSet("webchat", (Migration(1, SCHEMA, SCHEMA_PG),), ("webchat_log",),
+SHARED_PG = """
+ALTER TABLE webchat_log ALTER COLUMN seq DROP DEFAULT;
+CREATE OR REPLACE FUNCTION parley_webchat_entry() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(19002);
+    IF NEW.seq IS NULL THEN
+        NEW.seq := nextval(pg_get_serial_sequence('webchat_log', 'seq'));
+    END IF;
+    IF NEW.role = 'assistant' THEN
+        PERFORM pg_notify('parley_webchat', NEW.chat_id);
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER webchat_entry BEFORE INSERT ON webchat_log
+    FOR EACH ROW EXECUTE FUNCTION parley_webchat_entry();
+"""
+"""Several processes (issue 19): entries take their ``seq`` under a lock held until they
+commit (visible in ``seq`` order), and an answer sends ``NOTIFY parley_webchat`` (its chat):
+the process a page's socket is open on pushes it, whichever process wrote it."""
+TABLES = register(TableSet("webchat", (Migration(1, SCHEMA, SCHEMA_PG),
+                                       Migration(2, "", SHARED_PG)), ("webchat_log",),
                            generated_ids={"webchat_log": "seq"}))
 
 MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp|webm|ogg|m4a|mp3|wav)")
@@ -107,6 +127,8 @@ def user_key(chat_id: str, message_id: str) -> str:
 class WebchatLog:
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.shared = store.dialect == "postgresql"
+        """Other processes answer this log's chats too (``answers_after`` reads them)."""
 
     async def ensure_schema(self) -> None:
         await self._store.migrate(TABLES)
@@ -161,6 +183,18 @@ class WebchatLog:
             "ORDER BY seq DESC LIMIT ?", (chat_id, before or 2**62, limit + 1))
         more = len(rows) > limit
         return [_entry(r) for r in reversed(rows[:limit])], more
+
+    async def answers_after(self, chat_id: str, after: int) -> list[LogEntry]:
+        """The chat's answers (assistant entries) past ``after``, oldest first."""
+        rows = await self._store.fetchall(
+            f"SELECT {_COLS} FROM webchat_log WHERE chat_id = ? AND seq > ? "
+            "AND role = 'assistant' ORDER BY seq LIMIT 200", (chat_id, after))
+        return [_entry(r) for r in rows]
+
+    async def last_seq(self, chat_id: str) -> int:
+        row = await self._store.fetchone(
+            "SELECT MAX(seq) FROM webchat_log WHERE chat_id = ?", (chat_id,))
+        return int(row[0]) if row and row[0] is not None else 0
 
     async def image_of(self, chat_id: str, name: str) -> dict[str, Any] | None:
         """The image ``name`` if it belongs to ``chat_id`` (a chat never reads another's)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from channels.local import LocalChannel
 from channels.telegram import TelegramChannel
+from channels.webchat import WebchatChannel
 from gateway.delivery import ChannelManager
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.store import Store
@@ -46,9 +47,10 @@ class ClusterWorker:
         self.leading: set[str] = set()
         self._wake = asyncio.Event()
         self._waiting = False
-        self.reply_watchers: list[Callable[[str], Awaitable[None]]] = []
-        """Told the chat of each local-channel reply any process stored (``parley_local``)."""
-        self._replies: set[str] = set()
+        self.reply_watchers: dict[str, list[Callable[[str], Awaitable[None]]]] = {}
+        """Per notification channel (``parley_local``, ``parley_webchat``): told the chat of
+        each local-channel reply or WebChat answer any process stored."""
+        self._replies: set[tuple[str, str]] = set()
         self._replied = asyncio.Event()
         self._closing = False
         self._claiming: list[asyncio.Task[None]] = []
@@ -115,26 +117,26 @@ class ClusterWorker:
 
     async def _listen(self) -> None:
         async for channel, payload in self.cluster.notifications():
-            if channel == "parley_local":
-                self._replies.add(payload)
+            if channel in ("parley_local", "parley_webchat"):
+                self._replies.add((channel, payload))
                 self._replied.set()
             else:
                 self._wake.set()
 
     async def _relay_replies(self) -> None:
-        """The chats another process (or this one) stored a local-channel reply to, handed
-        to this process's local channel (its long polls here read them): every process
-        answers the local channel's reads."""
+        """The chats any process stored a local-channel reply or a WebChat answer to, handed
+        to this process's channel (its long polls and open pages here get them): the local
+        channel and WebChat answer on every process."""
         while True:
             await self._replied.wait()
             self._replied.clear()
             chats, self._replies = self._replies, set()
-            for chat in chats:
-                for watcher in self.reply_watchers:
+            for channel, chat in chats:
+                for watcher in self.reply_watchers.get(channel, ()):
                     try:
                         await watcher(chat)
                     except Exception as exc:
-                        _log.warning("reading another process's local reply failed: %s", exc)
+                        _log.warning("reading another process's reply failed: %s", exc)
 
     async def _claims(self) -> None:
         while True:
@@ -200,7 +202,11 @@ def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, le
     worker = ClusterWorker(store, bus, manager, lease=lease, channels=channels)
     for channel in manager.channels.values():
         if isinstance(channel, LocalChannel):
-            worker.reply_watchers.append(channel.replies_elsewhere)
+            worker.reply_watchers.setdefault("parley_local", []).append(
+                channel.replies_elsewhere)
+        if isinstance(channel, WebchatChannel):
+            worker.reply_watchers.setdefault("parley_webchat", []).append(
+                channel.answers_elsewhere)
         if isinstance(channel, TelegramChannel) and channel.config.mode == "polling":
             token = channel.config.token.get_secret_value() if channel.config.token else ""
             name = "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:12]

@@ -245,10 +245,12 @@ class ClusterStore:
         self._listen = await psycopg.AsyncConnection.connect(self.store.url, autocommit=True)
         await self._listen.execute("LISTEN parley_inbox")
         await self._listen.execute("LISTEN parley_local")
+        await self._listen.execute("LISTEN parley_webchat")
 
     async def notifications(self) -> AsyncIterator[tuple[str, str]]:
         """(channel, payload) each time a process (this one too) stored an inbound message
-        (``parley_inbox``) or a local channel's reply (``parley_local``, its chat). One
+        (``parley_inbox``), a local channel's reply (``parley_local``, its chat) or a WebChat
+        answer (``parley_webchat``, its chat). One
         generator for the connection's life: none is missed between two waits."""
         assert self._listen is not None
         async for note in self._listen.notifies():

@@ -392,3 +392,39 @@ async def test_the_local_channel_answers_on_every_process(
     finally:
         for gw in gateways:
             await gw.stop()
+
+
+async def test_webchat_answers_on_every_process(
+        make_config: Any, llm: ScriptedLLM, postgres_url: str, tmp_path: Path) -> None:
+    """Two gateways on one PostgreSQL, a page of one chat open on each: a message sent from
+    either page is answered once, and the answer reaches both pages once, whichever process
+    ran the turn."""
+    from gateway.app import Gateway
+    from tests.channels.webchat_page import CHAT, Page, channel_of, is_type
+
+    llm.echo()
+    gateways = [Gateway(make_config(
+        database=postgres_url, cluster={"lease": "5s"}, data_dir=str(tmp_path / f"data{n}"),
+        channels={"webchat": {"enabled": True, "port": 0}}), grace=2.0) for n in range(2)]
+    for gw in gateways:
+        await gw.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            pages = [Page(http, str(channel_of(gw).base_url)) for gw in gateways]
+            conns = [await page.connect() for page in pages]
+            for i in range(4):  # sent from each page in turn
+                await conns[i % 2].message(f"hello {i}", message_id=f"msg-0000000{i}")
+                for conn in conns:
+                    assert (await conn.reply())["text"] == f"echo: hello {i}"
+            for conn in conns:  # nothing more came: each answer once on each page
+                await conn.send(type="ping")
+                await conn.until(is_type("pong"))
+                answers = [f["message"]["text"] for f in conn.seen if f["type"] == "message"
+                           and f["message"]["role"] == "assistant"]
+                assert answers == [f"echo: hello {i}" for i in range(4)]
+            history = await pages[1].history(CHAT)
+            assert [m["text"] for m in history["messages"] if m["role"] == "assistant"] == \
+                [f"echo: hello {i}" for i in range(4)]
+    finally:
+        for gw in gateways:
+            await gw.stop()
