@@ -18,7 +18,7 @@ import sqlite3
 from typing import Any
 
 from gateway.kernel.store_db import Database
-from gateway.kernel.store_sql import Migration, TableSet, register, twin
+from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register, twin
 
 MAX_KEPT = 5000
 PRUNE_EVERY = 500
@@ -34,20 +34,7 @@ CREATE TABLE IF NOT EXISTS local_replies (
 """
 SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
 """PostgreSQL's twin: the same table, a BIGSERIAL ``seq`` (never handed out twice either)."""
-SHARED_PG = """
-ALTER TABLE local_replies ALTER COLUMN seq DROP DEFAULT;
-CREATE OR REPLACE FUNCTION parley_local_reply() RETURNS trigger AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(19001);
-    IF NEW.seq IS NULL THEN
-        NEW.seq := nextval(pg_get_serial_sequence('local_replies', 'seq'));
-    END IF;
-    PERFORM pg_notify('parley_local', NEW.chat_id);
-    RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE OR REPLACE TRIGGER local_reply BEFORE INSERT ON local_replies
-    FOR EACH ROW EXECUTE FUNCTION parley_local_reply();
-"""
+SHARED_PG = ordered_seq_ddl("local_replies", 19001, "parley_local")
 """Several processes write replies (issue 19): ``seq`` is taken under a lock held until the
 insert commits, so replies become visible in ``seq`` order (a reader at ``after`` = N never
 sees N + 1 before N), and ``NOTIFY parley_local`` (the chat) tells every process's local

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
 from gateway.kernel.store import Store
-from gateway.kernel.store_sql import Migration, TableSet, register
+from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register
 
 Role = Literal["user", "assistant"]
 
@@ -44,22 +44,7 @@ CREATE INDEX IF NOT EXISTS webchat_log_media ON webchat_log(media_name)
 """
 SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
 """PostgreSQL's twin: the same table, a BIGSERIAL ``seq``."""
-SHARED_PG = """
-ALTER TABLE webchat_log ALTER COLUMN seq DROP DEFAULT;
-CREATE OR REPLACE FUNCTION parley_webchat_entry() RETURNS trigger AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(19002);
-    IF NEW.seq IS NULL THEN
-        NEW.seq := nextval(pg_get_serial_sequence('webchat_log', 'seq'));
-    END IF;
-    IF NEW.role = 'assistant' THEN
-        PERFORM pg_notify('parley_webchat', NEW.chat_id);
-    END IF;
-    RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE OR REPLACE TRIGGER webchat_entry BEFORE INSERT ON webchat_log
-    FOR EACH ROW EXECUTE FUNCTION parley_webchat_entry();
-"""
+SHARED_PG = ordered_seq_ddl("webchat_log", 19002, "parley_webchat", "NEW.role = 'assistant'")
 """Several processes (issue 19): entries take their ``seq`` under a lock held until they
 commit (visible in ``seq`` order), and an answer sends ``NOTIFY parley_webchat`` (its chat):
 the process a page's socket is open on pushes it, whichever process wrote it."""

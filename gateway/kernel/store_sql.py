@@ -117,6 +117,29 @@ def postgres_ddl(sqlite: str) -> str:
     return re.sub(r"\)\s*WITHOUT ROWID", ")", out, flags=re.IGNORECASE)
 
 
+def ordered_seq_ddl(table: str, lock: int, notify: str, when: str = "TRUE") -> str:
+    """PostgreSQL DDL for a log several processes append to, read by ``seq`` (``after=N``):
+    the new row's ``seq`` is taken under an advisory lock held until it commits, so rows become
+    visible in ``seq`` order (a reader at N never sees N + 1 before N), and ``NOTIFY notify``
+    (the row's chat) when ``when`` holds. An explicit ``seq`` (``parley db copy``) is kept."""
+    return f"""
+ALTER TABLE {table} ALTER COLUMN seq DROP DEFAULT;
+CREATE OR REPLACE FUNCTION {table}_ordered() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({lock});
+    IF NEW.seq IS NULL THEN
+        NEW.seq := nextval(pg_get_serial_sequence('{table}', 'seq'));
+    END IF;
+    IF {when} THEN
+        PERFORM pg_notify('{notify}', NEW.chat_id);
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER {table}_ordered BEFORE INSERT ON {table}
+    FOR EACH ROW EXECUTE FUNCTION {table}_ordered();
+"""
+
+
 def is_postgres_url(target: object) -> bool:
     """The ``database`` setting names PostgreSQL (``postgresql://`` or ``postgres://``)."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
