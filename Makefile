@@ -34,10 +34,11 @@ chat: install
 	$(BIN)/parley chat --config "$(CONFIG)"
 
 # System packages tests drive for real (Debian's chromium for the WebChat browser tests,
-# bubblewrap and prlimit for the exec sandbox), installed with apt-get when missing and allowed
+# bubblewrap and prlimit for the exec sandbox, postgresql for the several-process store: the
+# tests start a throwaway cluster of their own), installed with apt-get when missing and allowed
 # (root, or sudo without a password); otherwise the command to run is printed and those tests
 # say why they skip. Written package:program where the program has another name.
-SYSTEM_PACKAGES := chromium bubblewrap:bwrap util-linux:prlimit
+SYSTEM_PACKAGES := chromium bubblewrap:bwrap util-linux:prlimit postgresql:pg_ctlcluster
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do \
 	  command -v "$${p#*:}" >/dev/null || missing="$$missing $${p%%:*}"; done; \

@@ -116,7 +116,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
         window = context_window(config.agent.model)
     builder = ContextBuilder(config, counter, window=window)
     limit = config.agent.context.max_recent_messages
-    store = await Store.open(config.db_path)
+    store = await Store.open(config.store_target)
     reader = HistoryCache(store, limit)  # what a turn reads: new rows only, after the first
     out: dict[str, Any] = {"max_recent_messages": limit,
                            "max_context_tokens": builder.max_context_tokens, "sizes": {}}

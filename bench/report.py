@@ -216,6 +216,17 @@ def checks(r: dict[str, Any]) -> list[Check]:
         "", None)
     add("10", "live reply: inside the gateway (first text → shown) p50",
         _get(r, "stream.gateway_first_shown_ms.p50_ms"), "{:.2f} ms", "", None)
+    # issue 19: several processes on one PostgreSQL (bench/postgres.py)
+    for n in ("1", "2", "4"):
+        add("11", f"postgres: turns/s, 100 chats, {n} process(es)",
+            _get(r, f"postgres.throughput.{n}.turns_per_s"),
+            "{:.1f}" + f" (load {_load(r, f'postgres.throughput.{n}')})", "", None)
+    add("11", "postgres: 2 processes' throughput / 1 process's", _get(r, "postgres.speedup.2"),
+        "{:.2f}x", ">= 1.8x", lambda v: v >= 1.8)
+    add("11", "postgres: failover, kill -9 → the dead process's chats answered",
+        _get(r, "postgres.failover.failover_s"),
+        "{:.2f} s" + f" (lease {_get(r, 'postgres.failover.lease_s')} s)",
+        "<= lease + 2 s", lambda v: v <= (_get(r, "postgres.failover.lease_s") or 0) + 2)
     return out
 
 

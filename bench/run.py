@@ -35,7 +35,7 @@ from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pi
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import repeat_summary, series, split_by_model_call
 
-SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream")
+SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream", "postgres")
 console = Console(stderr=True)
 
 
@@ -253,6 +253,13 @@ async def main_async(args: argparse.Namespace) -> int:
                 results["stream"] = await stream_latency.measure(root / "stream",
                                                                  sizes.stream_replies)
                 section_s["stream"] = time.perf_counter() - t
+            if "postgres" in only:  # issue 19: several processes on one PostgreSQL
+                from bench import postgres
+
+                t = time.perf_counter()
+                results["postgres"] = await postgres.measure(root / "postgres", server,
+                                                             sizes.load_seconds, _say)
+                section_s["postgres"] = time.perf_counter() - t
         finally:
             server.stop()
     results["loadavg_end"] = _loadavg()

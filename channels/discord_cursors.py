@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register, twin
 
 KEEP_SECONDS = 24 * 3600.0
 """Read back at most a day: what Telegram keeps for a bot that was away, for the same reason
@@ -28,6 +29,21 @@ CREATE TABLE IF NOT EXISTS discord_cursors (
     updated_at REAL NOT NULL
 );
 """
+_SCHEMA_PG = _SCHEMA.replace("INTEGER", "BIGINT").replace("REAL", "DOUBLE PRECISION")
+"""PostgreSQL's twin: Discord's ids are 64-bit (BIGINT), times DOUBLE PRECISION."""
+TABLES = register(TableSet("discord", (Migration(1, _SCHEMA, _SCHEMA_PG),),
+                           ("discord_cursors",)))
+_SAVE = twin(
+    "INSERT INTO discord_cursors (channel_id, guild_id, last_id, updated_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (channel_id) DO UPDATE SET "
+    "guild_id = excluded.guild_id, last_id = max(last_id, excluded.last_id), "
+    "updated_at = excluded.updated_at",
+    "INSERT INTO discord_cursors (channel_id, guild_id, last_id, updated_at) "
+    "VALUES (%s, %s, %s, %s) ON CONFLICT (channel_id) DO UPDATE SET "
+    "guild_id = EXCLUDED.guild_id, "
+    "last_id = GREATEST(discord_cursors.last_id, EXCLUDED.last_id), "
+    "updated_at = EXCLUDED.updated_at")
+
 
 Cursor = tuple[int | None, int]
 """(guild id or None for a DM, id of the last message handled in the channel)."""
@@ -40,7 +56,7 @@ class Cursors:
 
     async def setup(self) -> None:
         """Create the table and forget channels quiet for longer than ``KEEP_SECONDS``."""
-        await self._store.ensure_schema(_SCHEMA)
+        await self._store.migrate(TABLES)
         async with self._store.transaction() as db:
             await db.execute("DELETE FROM discord_cursors WHERE updated_at < ?",
                              (self._clock() - KEEP_SECONDS,))
@@ -54,9 +70,4 @@ class Cursors:
 
     async def save(self, channel_id: int, guild_id: int | None, last_id: int) -> None:
         async with self._store.transaction() as db:
-            await db.execute(
-                "INSERT INTO discord_cursors (channel_id, guild_id, last_id, updated_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (channel_id) DO UPDATE SET "
-                "guild_id = excluded.guild_id, last_id = max(last_id, excluded.last_id), "
-                "updated_at = excluded.updated_at",
-                (channel_id, guild_id, last_id, self._clock()))
+            await db.execute(_SAVE, (channel_id, guild_id, last_id, self._clock()))

@@ -223,13 +223,39 @@ class LocalChannel(ChannelBase):
         else:  # stored first: a reply the log could not keep is not delivered (retried)
             try:
                 seq, new = await self._replies.add(key, record)
+                if self._replies.shared:  # with the other processes' before it, in order
+                    await self._sync(msg.chat_id)
+                    return seq
             except (sqlite3.Error, StoreUnavailable) as exc:
                 return Delivery(ok=False, error=f"local reply log: {exc}")
         if new:
             self._remember({"seq": seq, **record})
-        for event in self._waiters.get(msg.chat_id, ()):
-            event.set()
+        self._wake(msg.chat_id)
         return seq
+
+    def _wake(self, chat_id: str) -> None:
+        for event in self._waiters.get(chat_id, ()):
+            event.set()
+
+    async def replies_elsewhere(self, chat_id: str) -> None:
+        """(Several processes on PostgreSQL.) Another process stored a reply to ``chat_id``
+        (``NOTIFY parley_local``): read it when someone here waits for that chat; a later
+        read (``wait_messages``) reads it anyway."""
+        if chat_id in self._waiters:
+            await self._sync(chat_id)
+
+    async def _sync(self, chat_id: str) -> None:
+        """The chat's stored replies past the newest in this process's window, whichever
+        process wrote them. Replies commit in ``seq`` order (``local_log``), so the window
+        never skips one a client could then pass by with ``after``."""
+        assert self._replies is not None
+        rows = await self._replies.newer(chat_id, self._last_seq(chat_id), MAX_RECORDS_PER_CHAT)
+        known = {r["seq"] for r in self._records.get(chat_id, ())}
+        for row in rows:
+            if row["seq"] not in known:  # two syncs at once read the same rows
+                self._remember(row)
+        if rows:
+            self._wake(chat_id)
 
     def _remember(self, record: dict[str, Any]) -> None:
         """Keep ``record`` in its chat's window, in ``seq`` order."""
@@ -272,13 +298,18 @@ class LocalChannel(ChannelBase):
     async def wait_messages(self, chat_id: str, *, after: int = 0,
                             timeout: float = 10.0,  # noqa: ASYNC109 - the contract's name
                             ) -> tuple[list[dict[str, Any]], int]:
-        """Records of ``chat_id`` newer than ``after``, waiting up to ``timeout`` for one."""
-        if timeout > 0 and not self._closing and self._last_seq(chat_id) <= after:
+        """Records of ``chat_id`` newer than ``after``, waiting up to ``timeout`` for one.
+        With several processes, what the others stored is read first (the waiter is there
+        before: a reply stored meanwhile wakes it)."""
+        shared = self._replies is not None and self._replies.shared
+        if shared or (timeout > 0 and not self._closing and self._last_seq(chat_id) <= after):
             event = asyncio.Event()
             waiters = self._waiters.setdefault(chat_id, set())
             waiters.add(event)
             try:
-                async with asyncio.timeout(timeout):
+                if shared:
+                    await self._sync(chat_id)
+                async with asyncio.timeout(timeout if timeout > 0 else 0):
                     while not self._closing and self._last_seq(chat_id) <= after:
                         event.clear()
                         await event.wait()

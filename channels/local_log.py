@@ -18,6 +18,7 @@ import sqlite3
 from typing import Any
 
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register, twin
 
 MAX_KEPT = 5000
 PRUNE_EVERY = 500
@@ -31,14 +32,29 @@ CREATE TABLE IF NOT EXISTS local_replies (
     record TEXT NOT NULL
 );
 """
+SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
+"""PostgreSQL's twin: the same table, a BIGSERIAL ``seq`` (never handed out twice either)."""
+SHARED_PG = ordered_seq_ddl("local_replies", 19001, "parley_local")
+"""Several processes write replies (issue 19): ``seq`` is taken under a lock held until the
+insert commits, so replies become visible in ``seq`` order (a reader at ``after`` = N never
+sees N + 1 before N), and ``NOTIFY parley_local`` (the chat) tells every process's local
+channel to read them. SQLite (one process) needs neither."""
+TABLES = register(TableSet("local_log", (Migration(1, SCHEMA, SCHEMA_PG),
+                                         Migration(2, "", SHARED_PG)), ("local_replies",),
+                           generated_ids={"local_replies": "seq"}))
+_LAST_SEQ = twin("SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'",
+                 "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+                 "FROM local_replies_seq_seq")
 
 
 class ReplyLog:
     def __init__(self, store: Database) -> None:
         self._store = store
+        self.shared = store.dialect == "postgresql"
+        """Other processes write replies too (``newer`` reads theirs)."""
 
     async def setup(self) -> None:
-        await self._store.ensure_schema(SCHEMA)
+        await self._store.migrate(TABLES)
 
     async def load(self, limit: int = MAX_KEPT) -> list[dict[str, Any]]:
         """The newest ``limit`` records, oldest first, each with its ``seq``."""
@@ -46,10 +62,16 @@ class ReplyLog:
             "SELECT seq, record FROM local_replies ORDER BY seq DESC LIMIT ?", (limit,))
         return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
 
+    async def newer(self, chat_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        """``chat_id``'s records past ``after`` (the newest ``limit``), oldest first."""
+        rows = await self._store.fetchall(
+            "SELECT seq, record FROM local_replies WHERE chat_id = ? AND seq > ? "
+            "ORDER BY seq DESC LIMIT ?", (chat_id, after, limit))
+        return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
+
     async def last_seq(self) -> int:
         """The highest ``seq`` ever handed out (kept by SQLite even when its row is gone)."""
-        row = await self._store.fetchone(
-            "SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'")
+        row = await self._store.fetchone(_LAST_SEQ)
         return int(row[0]) if row else 0
 
     async def add(self, key: str, record: dict[str, Any]) -> tuple[int, bool]:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 
 KEEP_SECONDS = 7 * 24 * 3600.0
 MAX_CACHED = 10_000
@@ -29,6 +30,13 @@ CREATE TABLE IF NOT EXISTS channel_sent_parts (
 );
 CREATE INDEX IF NOT EXISTS channel_sent_parts_age ON channel_sent_parts(sent_at);
 """
+_SCHEMA_PG = _SCHEMA.replace("REAL", "DOUBLE PRECISION")
+"""PostgreSQL's twin: the same table, times DOUBLE PRECISION."""
+TABLES = register(TableSet("sent_parts", (Migration(1, _SCHEMA, _SCHEMA_PG),),
+                           ("channel_sent_parts",),
+                           upsert_keys={"channel_sent_parts": ("channel", "idempotency_key",
+                                                               "part")}))
+
 
 
 class SentParts:
@@ -41,7 +49,7 @@ class SentParts:
 
     async def setup(self) -> None:
         """Create the table and forget records older than a week."""
-        await self._store.ensure_schema(_SCHEMA)
+        await self._store.migrate(TABLES)
         async with self._store.transaction() as db:
             await db.execute("DELETE FROM channel_sent_parts WHERE sent_at < ?",
                              (self._clock() - KEEP_SECONDS,))

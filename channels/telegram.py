@@ -33,7 +33,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -137,6 +137,10 @@ class TelegramChannel(StateWatch, ChannelBase):
                               show=self._show_typing, interval=config.typing_interval,
                               clock=clock)
         self._poller: asyncio.Task[None] | None = None
+        self.poll_gate: Callable[[], Awaitable[object]] | None = None
+        """Several processes (gateway/cluster.py): polling waits for this, i.e. until this
+        process holds the bot token's leader lease; until then it only sends (standby)."""
+        self.standby = False
         self._runner: web.AppRunner | None = None
         self._webhook_ok = False
         self._changed = asyncio.Condition()
@@ -188,10 +192,18 @@ class TelegramChannel(StateWatch, ChannelBase):
             self._tasks.spawn(optional("deleteWebhook", self._delete_webhook,
                                        clean=self._redact, label="telegram: "),
                               "telegram-delete-webhook")
-            self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
-            self._tasks.spawn(self._watchdog(), "telegram-watchdog")
+            self._tasks.spawn(self._gated_poll(), "telegram-poll-gate")
         _log.info("telegram channel started (%s)%s", self.config.mode,
                   f" as @{self._me.username}" if self._me else "")
+
+    async def _gated_poll(self) -> None:
+        if self.poll_gate is not None:
+            self.standby = True
+            await self.poll_gate()
+            self.standby = False
+            _log.info("telegram: this process polls the bot now")
+        self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
+        self._tasks.spawn(self._watchdog(), "telegram-watchdog")
 
     def _start_error(self, exc: Exception) -> str:
         where = f"the Bot API at {self.config.base_url}"
@@ -246,6 +258,8 @@ class TelegramChannel(StateWatch, ChannelBase):
 
     def status(self) -> ChannelStatus:
         state, reason = self._live.state(self._running)
+        if self.standby and self._running:
+            state, reason = "connected", "standby: another process polls this bot"
         if state == "connected" and self.config.mode == "webhook" and not self._webhook_ok:
             state, reason = "degraded", "setWebhook has not worked yet"
         detail: dict[str, object] = {

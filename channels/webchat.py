@@ -56,7 +56,7 @@ from channels.webchat_sockets import (
     Socket,
     now_iso,
 )
-from channels.webchat_store import MEDIA_NAME, WebchatLog
+from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
@@ -137,6 +137,12 @@ class WebchatChannel(ChatSockets):
         self._busy: dict[str, list[str]] = {}
         self._no_sockets = asyncio.Event()
         self._no_sockets.set()
+        self._pushed: dict[str, int] = {}
+        """(Several processes) the last answer pushed to each chat's open pages here."""
+        self._push_locks: dict[str, asyncio.Lock] = {}
+        self._streams: dict[str, str] = {}
+        """(Several processes) the live reply this process shows in a chat: its final answer
+        replaces it, whichever wake-up pushes that answer first."""
         self._runner: web.AppRunner | None = None
         self._running = False
         self._closing = False
@@ -230,11 +236,38 @@ class WebchatChannel(ChatSockets):
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
             self.last_outbound_at = now_iso()
-            frame = {"type": "message", "message": entry.to_json()}
-            if msg.stream is not None:  # it replaces the partial the page shows
-                frame["stream"] = msg.stream
-            self._broadcast(msg.chat_id, frame)
+            if self._log.shared:  # in seq order with the other processes' answers
+                await self._push_answers(msg.chat_id, {entry.seq: msg.stream})
+            else:
+                self._push_answer(entry, msg.stream)
         return Delivery(ok=True, message_ids=(str(entry.seq),))
+
+    def _push_answer(self, entry: LogEntry, stream: str | None) -> None:
+        frame = {"type": "message", "message": entry.to_json()}
+        if stream is not None:  # it replaces the partial the page shows
+            frame["stream"] = stream
+        self._broadcast(entry.chat_id, frame)
+
+    async def answers_elsewhere(self, chat_id: str) -> None:
+        """(Several processes on PostgreSQL.) A process stored an answer to ``chat_id``
+        (``NOTIFY parley_webchat``): pushed to this process's open pages of that chat."""
+        await self._push_answers(chat_id, {})
+
+    async def _push_answers(self, chat_id: str, streams: dict[int, str | None]) -> None:
+        """The chat's answers past the last one pushed here, in ``seq`` order, to its open
+        pages (``streams``: the partial an answer written here replaces)."""
+        lock = self._push_locks.setdefault(chat_id, asyncio.Lock())
+        async with lock:  # one reader per chat at a time: each answer pushed once
+            pushed = self._pushed.get(chat_id)
+            if pushed is None:  # no page open here
+                self._push_locks.pop(chat_id, None)
+                return
+            for entry in await self._log.answers_after(chat_id, pushed):
+                self._push_answer(entry, self._streams.pop(chat_id, None)
+                                  or streams.get(entry.seq))
+                pushed = entry.seq
+            if chat_id in self._pushed:
+                self._pushed[chat_id] = max(self._pushed[chat_id], pushed)
 
     # --- live replies (``channels.webchat.streaming``) ----------------------------------------
 
@@ -246,6 +279,8 @@ class WebchatChannel(ChatSockets):
                    message_id: str | None) -> Shown:
         """The answer so far to the open pages (``partial``: the whole text each time); the
         final ``message`` frame names the same ``stream`` and replaces it."""
+        if self._log.shared and target.stream is not None:
+            self._streams[target.chat_id] = target.stream
         self._broadcast(target.chat_id, partial_frame(target.stream or "", text))
         return Shown(message_id=PARTIAL)
 
@@ -253,6 +288,7 @@ class WebchatChannel(ChatSockets):
         return await self.send(msg)
 
     async def remove(self, target: OutboundMessage, message_id: str) -> None:
+        self._streams.pop(target.chat_id, None)
         self._broadcast(target.chat_id, {"type": "partial_end", "stream": target.stream})
 
     def activity(self, event: ChatActivity) -> None:

@@ -21,6 +21,7 @@ from aiohttp import web
 from channels.http_api import ApiError, check_unicode, read_body
 from channels.webchat_frames import check_chat_id
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 
 MAX_LISTED = 50
 TITLE_CHARS = 80
@@ -33,6 +34,9 @@ CREATE TABLE IF NOT EXISTS webchat_conversations (
 );
 CREATE INDEX IF NOT EXISTS webchat_conversations_profile ON webchat_conversations(profile);
 """
+TABLES = register(TableSet("webchat_chats", (Migration(1, SCHEMA, SCHEMA),),
+                           ("webchat_conversations",)))
+"""The same DDL serves PostgreSQL (text columns only)."""
 
 _LIST = f"""
 SELECT chat_id, created_at,
@@ -57,7 +61,7 @@ class Conversations:
         self._body_timeout = body_timeout
 
     async def ensure_schema(self) -> None:
-        await self._store.ensure_schema(SCHEMA)
+        await self._store.migrate(TABLES)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/api/conversations", self._get)

@@ -91,6 +91,7 @@ class ChatSockets:
     _busy: dict[str, list[str]]
     _no_sockets: asyncio.Event
     _closing: bool
+    _pushed: dict[str, int]
     last_inbound_at: str | None
 
     def _broadcast(self, chat_id: str, frame: dict[str, Any]) -> None:
@@ -125,6 +126,8 @@ class ChatSockets:
         if self._closing:  # stopped while this socket was authenticating
             await ws.close(code=WSCloseCode.GOING_AWAY)
             return ws
+        if self._log.shared and chat_id not in self._sockets:  # answers after this one: pushed
+            self._pushed[chat_id] = await self._log.last_seq(chat_id)
         sock = Socket(ws, chat_id)
         self._sockets.setdefault(chat_id, set()).add(sock)
         self._no_sockets.clear()
@@ -178,6 +181,7 @@ class ChatSockets:
             sockets.discard(sock)
             if not sockets:
                 del self._sockets[sock.chat_id]
+                self._pushed.pop(sock.chat_id, None)
                 lock = self._chat_locks.get(sock.chat_id)
                 if lock is not None and not lock.locked():
                     del self._chat_locks[sock.chat_id]

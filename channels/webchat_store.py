@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register
 
 Role = Literal["user", "assistant"]
 
@@ -41,6 +42,15 @@ CREATE INDEX IF NOT EXISTS webchat_log_chat ON webchat_log(chat_id, seq);
 CREATE INDEX IF NOT EXISTS webchat_log_media ON webchat_log(media_name)
     WHERE media_name IS NOT NULL;
 """
+SCHEMA_PG = SCHEMA.replace("seq INTEGER PRIMARY KEY AUTOINCREMENT", "seq BIGSERIAL PRIMARY KEY")
+"""PostgreSQL's twin: the same table, a BIGSERIAL ``seq``."""
+SHARED_PG = ordered_seq_ddl("webchat_log", 19002, "parley_webchat", "NEW.role = 'assistant'")
+"""Several processes (issue 19): entries take their ``seq`` under a lock held until they
+commit (visible in ``seq`` order), and an answer sends ``NOTIFY parley_webchat`` (its chat):
+the process a page's socket is open on pushes it, whichever process wrote it."""
+TABLES = register(TableSet("webchat", (Migration(1, SCHEMA, SCHEMA_PG),
+                                       Migration(2, "", SHARED_PG)), ("webchat_log",),
+                           generated_ids={"webchat_log": "seq"}))
 
 MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp|webm|ogg|m4a|mp3|wav)")
 """The names ``save_image`` gives: nothing else is ever looked up under the media folder."""
@@ -102,9 +112,11 @@ def user_key(chat_id: str, message_id: str) -> str:
 class WebchatLog:
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.shared = store.dialect == "postgresql"
+        """Other processes answer this log's chats too (``answers_after`` reads them)."""
 
     async def ensure_schema(self) -> None:
-        await self._store.ensure_schema(SCHEMA)
+        await self._store.migrate(TABLES)
 
     async def find(self, key: str) -> LogEntry | None:
         row = await self._store.fetchone(
@@ -156,6 +168,18 @@ class WebchatLog:
             "ORDER BY seq DESC LIMIT ?", (chat_id, before or 2**62, limit + 1))
         more = len(rows) > limit
         return [_entry(r) for r in reversed(rows[:limit])], more
+
+    async def answers_after(self, chat_id: str, after: int) -> list[LogEntry]:
+        """The chat's answers (assistant entries) past ``after``, oldest first."""
+        rows = await self._store.fetchall(
+            f"SELECT {_COLS} FROM webchat_log WHERE chat_id = ? AND seq > ? "
+            "AND role = 'assistant' ORDER BY seq LIMIT 200", (chat_id, after))
+        return [_entry(r) for r in rows]
+
+    async def last_seq(self, chat_id: str) -> int:
+        row = await self._store.fetchone(
+            "SELECT MAX(seq) FROM webchat_log WHERE chat_id = ?", (chat_id,))
+        return int(row[0]) if row and row[0] is not None else 0
 
     async def image_of(self, chat_id: str, name: str) -> dict[str, Any] | None:
         """The image ``name`` if it belongs to ``chat_id`` (a chat never reads another's)."""

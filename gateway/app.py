@@ -44,6 +44,7 @@ from workspace.bootstrap import seed_workspace
 
 if TYPE_CHECKING:
     from agent.mcp import MCPManager
+    from gateway.cluster import ClusterWorker
 
 _log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Gateway:
         self.manager = ChannelManager(self.bus, config.channels.delivery)
         self.store: Store | None = None
         self.agent: AgentLoop | None = None
+        self.cluster_worker: ClusterWorker | None = None
         self.provider = Provider(config.agent)
         self.local: Any = None
         self._started_at: float | None = None
@@ -104,7 +106,8 @@ class Gateway:
         exec_probe = asyncio.create_task(self._resolve_exec(), name="exec-sandbox-probe")
         try:
             self.prepare_workspace()
-            self.store = await Store.open(self.config.db_path)
+            self.config.data_path.mkdir(parents=True, exist_ok=True)  # media, on PostgreSQL too
+            self.store = await Store.open(self.config.store_target)
             self.bus.attach_store(self.store, self.config.channels.delivery.ttl)
             self._dead_before = (await self.store.outbox_counts())["dead"]
             for channel in self._configured_channel_list():
@@ -123,11 +126,27 @@ class Gateway:
             await self._start_agent_tools(self.store, self.agent)
             # Unanswered messages from the last run go first, ahead of anything new.
             system = [CRON_CHANNEL, HEARTBEAT_CHANNEL] if self._configured else []
-            await self.agent.recover([*self.manager.channels, *system])
+            mine = [*self.manager.channels, *system]
+            if not self.store.claims_inbound:
+                await self.agent.recover(mine)
+            else:  # several processes on PostgreSQL: this one takes its share
+                from gateway.cluster import cluster_worker  # psycopg only where it is used
+
+                self.cluster_worker = cluster_worker(self.store, self.bus, self.manager,
+                                                     lease=self.config.cluster.lease,
+                                                     channels=mine)
             await self.manager.start_channels()
-            await self.manager.start(self.store)
+            await self.manager.start(self.store, resend=not self.store.claims_inbound)
             await self.agent.start()
-            await self._start_schedules(self.store, self.agent)
+            if self.cluster_worker is not None:
+                await self.cluster_worker.start()
+            if self.cluster_worker is None:
+                await self._start_schedules(self.store, self.agent)
+            else:  # one process runs them: whichever holds their leader lease
+                store, agent = self.store, self.agent
+                self.cluster_worker.leaders["schedules"] = \
+                    lambda: self._start_schedules(store, agent)
+                await self.cluster_worker.try_lead()
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
                 self._warm_up = asyncio.create_task(asyncio.to_thread(self._warm_up_model),
@@ -232,6 +251,8 @@ class Gateway:
 
     async def _teardown(self) -> None:
         self.bus.close()
+        if self.cluster_worker is not None:  # takes no more work (nor the schedules) first
+            await self.cluster_worker.stop_claiming()
         if self.agent is not None:
             await self.agent.stop(self.grace)
         if self.subagents is not None:  # background ones; their results are not delivered
@@ -242,6 +263,9 @@ class Gateway:
             if schedule is not None:
                 await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))
+        if self.cluster_worker is not None:  # after the turns and deliveries it fed
+            await self.cluster_worker.stop()
+            self.cluster_worker = None
         await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
@@ -282,6 +306,9 @@ class Gateway:
         reasons = [*self._problems(), *(
             f"channel {name}: {c['state']}" + (f": {c['reason']}" if c["reason"] else "")
             for name, c in channels.items() if c["state"] != "connected")]
+        cluster = self.cluster_worker.health() if self.cluster_worker else None
+        if cluster is not None and cluster.get("problem"):
+            reasons.append(f"cluster: {cluster['problem']}")
         return {
             "status": "degraded" if reasons else "ok",
             "reasons": reasons,
@@ -289,6 +316,7 @@ class Gateway:
             "uptime_s": round(uptime, 1),
             "model": self.config.agent.model,
             "channels": channels,
+            **({"cluster": cluster} if cluster is not None else {}),
             "busy_sessions": agent.busy_sessions if agent else 0,
             "queued_messages": agent.queued if agent else 0,
             "inbound_queue": self.bus.inbound_size,

@@ -151,7 +151,7 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(context_app, name="context")
 app.add_typer(pairing_app, name="pairing")
 app.add_typer(cron_app, name="cron")
-app.add_typer(db_app, name="db")  # issue 24: db stats / db vacuum (gateway/cli_db.py)
+app.add_typer(db_app, name="db")  # migrate/copy (issue 19), stats/vacuum (issue 24)
 app.command("usage")(usage_command)
 app.command("backup")(backup)
 

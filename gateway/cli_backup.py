@@ -46,6 +46,8 @@ def backup(
     from gateway.preflight import explain
 
     config = load(config_path)
+    if config.database:
+        raise fail("the store is on PostgreSQL (`database`): back it up with pg_dump")
     source = config.db_path
     if not source.is_file():
         raise fail(f"no database at {source} yet (nothing to back up)")

@@ -78,7 +78,7 @@ def run_sync(coro: Coroutine[Any, Any, T], config: Config | None = None, *,
 
 
 async def with_store(config: Config, fn: Any) -> Any:
-    if not config.db_path.exists():
+    if not config.database and not config.db_path.exists():
         raise fail(f"no database at {config.db_path} yet (start the gateway or `parley chat` "
                     "first)")
     store = await open_store(config)
@@ -94,9 +94,9 @@ async def open_store(config: Config) -> Any:
     from gateway.preflight import explain
 
     try:
-        return await Store.open(config.db_path)
+        return await Store.open(config.store_target)
     except (OSError, sqlite3.DatabaseError) as exc:
-        raise fail(explain(exc, config) or f"{config.db_path}: {exc}") from None
+        raise fail(explain(exc, config) or f"{config.store_label}: {exc}") from None
 
 
 def add_row(table: Table, *values: object) -> None:

@@ -55,7 +55,7 @@ def summary(config: Config) -> list[str]:
         + (f" (fallbacks: {', '.join(fallbacks)})" if fallbacks else ""),
         f"  api:       {base}, key {key}, {route}",
         f"  workspace: {config.workspace_path}",
-        f"  data:      {config.db_path}",
+        f"  data:      {config.store_label}",
         f"  channels:  {', '.join(channels) or 'none'}",
     ]
     if config.channels.local.enabled:

@@ -108,10 +108,10 @@ def status(config_path: ConfigOpt = None) -> None:
     else:
         say("gateway:  unknown: channels.local is disabled, and status asks through it")
     _context_line(config, health)
-    if config.db_path.exists():
+    if config.database or config.db_path.exists():
         counts = run_sync(with_store(config, lambda s: s.counts()), config)
         say(f"storage:  {counts['sessions']} session(s), {counts['messages']} message(s) "
-            f"in {config.db_path}")
+            f"in {config.store_label}")
     if not health:  # scripts and service checks read the exit status
         raise typer.Exit(1)
 

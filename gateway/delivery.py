@@ -31,7 +31,7 @@ from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DeliveryConfig
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
-from gateway.kernel.store import Store
+from gateway.kernel.store import PendingOutbound, Store
 from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints, Delivery
 from gateway.streaming import StreamDesk
@@ -172,19 +172,24 @@ class ChannelManager:
 
     # lifecycle -----------------------------------------------------------------------------
 
-    async def start(self, store: Store | None = None) -> None:
-        """Resend what the last run left undelivered, then route new messages."""
+    async def start(self, store: Store | None = None, *, resend: bool = True) -> None:
+        """Resend what the last run left undelivered (unless ``resend`` is False: on
+        PostgreSQL the cluster worker claims it), then route new messages."""
         self.store = store
         await self.streams.start(store)
-        if store is not None:
-            now = utcnow()
-            for pending in await store.outbox_pending(list(self.channels)):
-                job = _Job(pending.message, pending.attempts, pending.expires_at)
-                if pending.expires_at <= now:
-                    await self._dead(job, "expired before the gateway could send it")
-                else:
-                    self._enqueue(job)
+        if store is not None and resend:
+            await self.resend(await store.outbox_pending(list(self.channels)))
         self._router = asyncio.create_task(self._route(), name="delivery-router")
+
+    async def resend(self, pending: list[PendingOutbound]) -> None:
+        """Deliver stored replies (left by the last run, or by a process that died)."""
+        now = utcnow()
+        for item in pending:
+            job = _Job(item.message, item.attempts, item.expires_at)
+            if item.expires_at <= now:
+                await self._dead(job, "expired before the gateway could send it")
+            else:
+                self._enqueue(job)
 
     async def flush(self, within: float = 5.0) -> bool:
         """Wait until everything queued so far was delivered or given up."""

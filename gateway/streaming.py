@@ -36,6 +36,7 @@ from gateway.kernel.clock import Clock, SystemClock, sleep_or_wake
 from gateway.kernel.config import Config, StreamingConfig
 from gateway.kernel.events import OutboundMessage
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 from gateway.kernel.streams import ReplyStream, interim_markdown
 
 _log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ CREATE TABLE IF NOT EXISTS reply_streams (
     updated_at REAL NOT NULL
 );
 """
+_SCHEMA_PG = _SCHEMA.replace("REAL", "DOUBLE PRECISION")
+"""PostgreSQL's twin: the same table, times DOUBLE PRECISION."""
+TABLES = register(TableSet("streams", (Migration(1, _SCHEMA, _SCHEMA_PG),), ("reply_streams",),
+                           upsert_keys={"reply_streams": ("key",)}))
 FIRST_SHOWN_KEPT = 1000
 KEEP_SECONDS = 7 * 24 * 3600.0
 """A recorded message whose reply never came for this long is forgotten at the next start."""
@@ -74,7 +79,7 @@ class StreamDesk:
     async def start(self, store: Store | None) -> None:
         self.store = store
         if store is not None:
-            await store.ensure_schema(_SCHEMA)
+            await store.migrate(TABLES)
             async with store.transaction() as db:
                 await db.execute("DELETE FROM reply_streams WHERE updated_at < ?",
                                  (time.time() - KEEP_SECONDS,))

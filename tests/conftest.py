@@ -71,3 +71,28 @@ def offered_tools(request: dict[str, Any], *, loadable: bool = True) -> set[str]
         if fn["name"] == "load_tools" and loadable:
             names |= set(re.findall(r"(?:: |; )([\w-]+) \(", fn["description"]))
     return names
+
+
+# PostgreSQL (issue 19): one throwaway cluster for the session, a fresh database per test --------
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Any:
+    """A running throwaway cluster (tests/fakes/postgres.py); skips, saying why, when Debian's
+    ``postgresql`` is not installed (``make test`` installs it)."""
+    from tests.fakes.postgres import PostgresCluster, find_bin_dir
+
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; make test does)")
+    cluster = PostgresCluster(bin_dir)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: Any) -> str:
+    """The URL of a new, empty database on the session's cluster."""
+    return str(postgres_cluster.fresh_database())

@@ -135,9 +135,15 @@ class MessageBus:
             _log.info("ignored a repeat of %s message %s in chat %s", msg.channel,
                       msg.message_id, msg.chat_id)
             return False
+        if self._store is not None and self._store.claims_inbound:
+            return True  # stored; the process holding its chat claims it (gateway/cluster.py)
+        await self.enqueue_claimed(msg)
+        return True
+
+    async def enqueue_claimed(self, msg: InboundMessage) -> None:
+        """Queue a stored message for the agent (on PostgreSQL: one this process claimed)."""
         self.last_inbound[msg.channel] = utcnow()
         await self._inbound.put(msg)
-        return True
 
     async def _stored(self, msg: InboundMessage) -> bool:
         assert self._store is not None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import PrivateAttr, ValidationError
+from pydantic import PrivateAttr, SecretStr, ValidationError, field_validator
 
 from gateway.kernel.config_agent import (
     AgentConfig,
@@ -58,6 +58,7 @@ from gateway.kernel.config_fields import (
 from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.config_schedules import CronConfig, HeartbeatConfig
 from gateway.kernel.config_trust import ChatTrustConfig, LevelConfig, TrustConfig
+from gateway.kernel.store_sql import hide_password, is_postgres_url
 
 __all__ = [
     "StreamingConfig",
@@ -75,6 +76,21 @@ __all__ = [
 DEFAULT_CONFIG_PATH = Path("~/.parley/config.yaml")
 
 
+class ClusterConfig(Section):
+    """Several gateway processes on one PostgreSQL store (``database``; gateway/cluster.py)."""
+
+    lease: Duration = 15.0
+    """How long a process that stopped answering (killed, frozen, cut off) keeps its chats
+    and platform connections before the others take them over."""
+
+    @field_validator("lease")
+    @classmethod
+    def _lease(cls, value: float) -> float:
+        if not 0.3 <= value <= 600:
+            raise ValueError("must be between 0.3s and 10m")
+        return value
+
+
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     file: str | None = None
@@ -89,6 +105,30 @@ class Config(Section):
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     logging: LoggingConfig = LoggingConfig()
     retention: RetentionConfig = RetentionConfig()  # issue 24: gateway/retention.py
+    # several processes on PostgreSQL (issue 19) ----------------------------------------------
+    database: OptionalSecret = None
+    cluster: ClusterConfig = ClusterConfig()
+    """Empty: SQLite (``data_dir/parley.db``), one process. A ``postgresql://`` URL: the store
+    on PostgreSQL, shared by every gateway process given the same URL."""
+
+    @field_validator("database")
+    @classmethod
+    def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not is_postgres_url(value.get_secret_value()):
+            raise ValueError("must be a postgresql:// URL (or empty: SQLite in data_dir)")
+        return value
+
+    @property
+    def store_target(self) -> Path | str:
+        """What ``Store.open`` opens: the PostgreSQL URL when set, else the SQLite file."""
+        return self.database.get_secret_value() if self.database else self.db_path
+
+    @property
+    def store_label(self) -> str:
+        """Where the data is, as shown (a URL's password hidden)."""
+        return hide_password(self.database.get_secret_value()) if self.database \
+            else str(self.db_path)
+    # ------------------------------------------------------------------------------------------
 
     _source: Path | None = PrivateAttr(None)
 

@@ -19,6 +19,7 @@ from gateway.kernel.clock import Clock
 from gateway.kernel.events import Trust
 from gateway.kernel.schedule import Schedule, ScheduleError
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 
 _log = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ CREATE TABLE IF NOT EXISTS cron_runs (
     UNIQUE (job_id, run_at)
 );
 """
+_SCHEMA_PG = _SCHEMA.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+"""PostgreSQL's twin: the same tables, a BIGSERIAL run id."""
+TABLES = register(TableSet("cron", (Migration(1, _SCHEMA, _SCHEMA_PG),),
+                           ("cron_jobs", "cron_runs"), generated_ids={"cron_runs": "id"}))
 _JOB_COLS = ("id, name, message, kind, schedule_kind, schedule, tz, anchor, channel, chat_id, "
              "enabled, next_run, run_requested, created_by, created_at, thread_id, trust, "
              "sender_id")
@@ -171,8 +176,8 @@ class CronJobs:
         self.on_change = on_change
 
     async def ensure(self) -> None:
-        await self.store.ensure_schema(_SCHEMA)
-        columns = {row[1] for row in await self.store.fetchall("PRAGMA table_info(cron_jobs)")}
+        await self.store.migrate(TABLES)
+        columns = await self.store.columns("cron_jobs")
         if "thread_id" not in columns:  # a database from before jobs kept their thread
             await self.store.ensure_schema("ALTER TABLE cron_jobs ADD COLUMN thread_id TEXT;")
         if "trust" not in columns:  # from before trust levels: only the owner made jobs

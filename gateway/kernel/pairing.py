@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.kernel.store import Store
+from gateway.kernel.store_sql import Migration, TableSet, register
 
 __all__ = ["ALPHABET", "CODE_LENGTH", "Approval", "PairingCode", "PairingFull", "PairingStore",
            "normalize_code"]
@@ -47,6 +48,11 @@ CREATE TABLE IF NOT EXISTS pairing_approvals (
     PRIMARY KEY (channel, user_id)
 );
 """
+_SCHEMA_PG = _SCHEMA.replace("REAL", "DOUBLE PRECISION")
+"""PostgreSQL's twin: the same tables, times as DOUBLE PRECISION (seconds since the epoch)."""
+TABLES = register(TableSet(
+    "pairing", (Migration(1, _SCHEMA, _SCHEMA_PG),), ("pairing_codes", "pairing_approvals"),
+    upsert_keys={"pairing_approvals": ("channel", "user_id")}))
 
 
 class PairingFull(Exception):
@@ -98,7 +104,7 @@ class PairingStore:
 
     async def setup(self) -> None:
         if not self._ready:
-            await self._store.ensure_schema(_SCHEMA)
+            await self._store.migrate(TABLES)
             self._ready = True
 
     async def is_approved(self, channel: str, user_id: str) -> bool:

@@ -15,7 +15,7 @@ conversation's model). The row types and ``content_text`` are re-exported here, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
+from typing import Self, cast
 
 from gateway.kernel.store_db import SCHEMA_VERSION
 from gateway.kernel.store_queues import PendingOutbound, QueueTables
@@ -31,6 +31,7 @@ from gateway.kernel.store_sessions import (
     content_text,
 )
 from gateway.kernel.store_snapshots import SnapshotTables
+from gateway.kernel.store_sql import is_postgres_url
 from gateway.kernel.store_usage import UsageRow, UsageTables
 
 __all__ = [
@@ -41,11 +42,16 @@ __all__ = [
 
 
 class Store(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTables):
-    """The database: open with ``await Store.open(path)``, close once with ``close()``."""
+    """The database: open with ``await Store.open(path)``, close once with ``close()``.
+    A ``postgresql://`` URL instead of a path opens it on PostgreSQL (``store_pg``)."""
 
     @classmethod
-    async def open(cls, path: Path) -> Self:
-        store = await super().open(path)
+    async def open(cls, path: Path | str) -> Self:
+        if is_postgres_url(path):
+            from gateway.kernel.store_pg import PgStore  # psycopg only where it is used
+
+            return cast(Self, await PgStore.connect(str(path)))
+        store = await super().open(Path(path))
         try:
             await store.ensure_search()
             await store.backfill_search()

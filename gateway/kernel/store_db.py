@@ -28,10 +28,10 @@ import aiosqlite
 import orjson
 
 from gateway.kernel.events import utcnow
+from gateway.kernel.store_schema import CORE, SCHEMA, SCHEMA_VERSION, VERSIONS, upgrade_sqlite
+from gateway.kernel.store_sql import TableSet
 
 T = TypeVar("T")
-
-SCHEMA_VERSION = 1
 
 _LOST = ("disk i/o error", "readonly database", "database or disk is full", "unable to open",
          "no such table", "file is not a database")
@@ -40,151 +40,6 @@ _LOST = ("disk i/o error", "readonly database", "database or disk is full", "una
 
 class StoreUnavailable(Exception):
     """Nothing can be stored: the database file is gone, replaced, read-only or the disk full."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    active INTEGER NOT NULL DEFAULT 1,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    message_count INTEGER NOT NULL DEFAULT 0,
-    last_context_tokens INTEGER
-);
-CREATE UNIQUE INDEX IF NOT EXISTS sessions_active_key ON sessions(key) WHERE active = 1;
-CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key, id);
-
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id INTEGER NOT NULL REFERENCES sessions(id),
-    turn_id TEXT NOT NULL,
-    role TEXT NOT NULL,
-    body TEXT NOT NULL,
-    tokens INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_session ON messages(session_id, id);
-
-CREATE TABLE IF NOT EXISTS turns (
-    id TEXT PRIMARY KEY,
-    session_id INTEGER NOT NULL REFERENCES sessions(id),
-    inbound_id TEXT,
-    status TEXT NOT NULL,
-    error TEXT,
-    started_at TEXT NOT NULL,
-    finished_at TEXT
-);
-CREATE INDEX IF NOT EXISTS turns_session ON turns(session_id, finished_at);
-
-CREATE TABLE IF NOT EXISTS llm_calls (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    turn_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    latency_ms REAL NOT NULL,
-    attempts INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    session_id INTEGER,
-    person TEXT,
-    chat TEXT,
-    trust TEXT,
-    cost REAL NOT NULL DEFAULT 0,
-    day TEXT,
-    kind TEXT NOT NULL DEFAULT 'chat',
-    audio_seconds REAL
-);
-CREATE INDEX IF NOT EXISTS llm_calls_turn ON llm_calls(turn_id);
-
-CREATE TABLE IF NOT EXISTS limit_notices (
-    scope TEXT NOT NULL,
-    period TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (scope, period)
-);
-
-CREATE TABLE IF NOT EXISTS conversation_models (
-    session_key TEXT PRIMARY KEY,
-    alias TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-
-CREATE TABLE IF NOT EXISTS context_snapshots (
-    turn_id TEXT PRIMARY KEY,
-    session_id INTEGER NOT NULL REFERENCES sessions(id),
-    created_at TEXT NOT NULL,
-    context_hash TEXT NOT NULL,
-    total_tokens INTEGER NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS context_snapshots_session ON context_snapshots(session_id, created_at);
-
-CREATE TABLE IF NOT EXISTS layer_texts (
-    hash TEXT PRIMARY KEY,
-    text TEXT NOT NULL
-) WITHOUT ROWID;
-
-CREATE TABLE IF NOT EXISTS inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    channel TEXT NOT NULL,
-    chat_id TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',
-    received_at TEXT NOT NULL,
-    done_at TEXT,
-    UNIQUE (channel, chat_id, message_id)
-);
-CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(id) WHERE status = 'pending';
-
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    idempotency_key TEXT NOT NULL UNIQUE,
-    channel TEXT NOT NULL,
-    chat_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT,
-    created_at TEXT NOT NULL,
-    expires_at TEXT NOT NULL,
-    delivered_at TEXT
-);
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(id) WHERE status = 'pending';
-
-CREATE TABLE IF NOT EXISTS compactions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id INTEGER NOT NULL REFERENCES sessions(id),
-    summary TEXT NOT NULL,
-    summary_tokens INTEGER NOT NULL,
-    first_kept_id INTEGER NOT NULL,
-    tokens_before INTEGER NOT NULL,
-    messages_summarised INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS compactions_session ON compactions(session_id, id);
-"""
-
-
-_LEDGER_COLUMNS = {"session_id": "INTEGER", "person": "TEXT", "chat": "TEXT", "trust": "TEXT",
-                   "cost": "REAL NOT NULL DEFAULT 0", "day": "TEXT",
-                   "kind": "TEXT NOT NULL DEFAULT 'chat'", "audio_seconds": "REAL"}
-"""Columns added since the first ledger: ``kind`` and ``audio_seconds`` came with the media
-steps (``agent/media``), whose costs are kept beside the model calls."""
-_LEDGER_INDEXES = """
-CREATE INDEX IF NOT EXISTS llm_calls_person_day ON llm_calls(person, day);
-"""
-
-
-async def _upgrade(db: aiosqlite.Connection) -> None:
-    """Databases from before the usage ledger or the media steps: the columns added to
-    ``llm_calls`` (older rows have no person, chat or day, cost 0, and are ``chat`` calls)."""
-    columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(llm_calls)")}
-    for name, kind in _LEDGER_COLUMNS.items():
-        if name not in columns:
-            await db.execute(f"ALTER TABLE llm_calls ADD COLUMN {name} {kind}")
-    await db.executescript(_LEDGER_INDEXES)
 
 
 def iso(ts: datetime | None = None) -> str:
@@ -250,9 +105,18 @@ class Database:
     """One aiosqlite connection; writes go through ``transaction()`` or ``_write()`` under one
     lock, so two concurrent turns never interleave statements in one transaction."""
 
+    dialect = "sqlite"
+    """``sqlite`` or ``postgresql`` (``store_pg``): the few places that differ ask."""
+    claims_inbound = False
+    """True on PostgreSQL: a stored inbound message is queued by the process that claims it
+    (several processes), not by the one that stored it."""
+    target: str
+    """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""
+
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
         self.path = path
+        self.target = str(path)
         self._write_lock = asyncio.Lock()
         self._queued: list[_Queued] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -271,13 +135,43 @@ class Database:
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA foreign_keys=ON")
             await db.execute("PRAGMA busy_timeout=5000")
-            await db.executescript(_SCHEMA)
-            await _upgrade(db)
+            await db.executescript(SCHEMA)
+            await upgrade_sqlite(db)
             await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             await db.close()
             raise
-        return cls(db, path)
+        self = cls(db, path)
+        await self.migrate(CORE)
+        return self
+
+    async def migrate(self, tables: TableSet) -> int:
+        """Bring a table set to its newest version (each missing migration once, in order, in
+        this database's dialect); its version now. Databases from before versions were kept
+        have every table made with ``IF NOT EXISTS``, so version 1 is safe to apply there."""
+        await self.ensure_schema(VERSIONS, postgres=VERSIONS)
+        row = await self._fetchone("SELECT version FROM schema_versions WHERE component = ?",
+                                   (tables.name,))
+        have = int(row[0]) if row else 0
+        for step in sorted(tables.migrations, key=lambda m: m.version):
+            if step.version > have:
+                await self.ensure_schema(step.sqlite, postgres=step.postgres)
+                async with self.transaction() as db:
+                    await db.execute(
+                        "INSERT OR REPLACE INTO schema_versions (component, version, "
+                        "applied_at) VALUES (?, ?, ?)", (tables.name, step.version, iso()))
+                have = step.version
+        return have
+
+    async def columns(self, table: str) -> set[str]:
+        """A table's column names (for upgrades of databases older than their migrations)."""
+        return {row[1] for row in await self._fetchall(f"PRAGMA table_info({table})", ())}
+
+    async def iterate(self, sql: str, params: tuple[Any, ...] = ()) -> AsyncIterator[Any]:
+        """Rows one by one, not all at once (a whole session's messages)."""
+        async with self._db.execute(sql, params) as cursor:
+            async for row in cursor:
+                yield row
 
     async def close(self) -> None:
         if not self._closed:
@@ -418,8 +312,9 @@ class Database:
 
     # for other modules' tables (pairing, cron, ...) ------------------------------------------
 
-    async def ensure_schema(self, sql: str) -> None:
-        """Create a module's tables (``CREATE TABLE IF NOT EXISTS ...``) in the one database."""
+    async def ensure_schema(self, sql: str, *, postgres: str | None = None) -> None:
+        """Create a module's tables (``CREATE TABLE IF NOT EXISTS ...``) in the one database;
+        ``postgres``: the same in PostgreSQL's dialect (used there; see ``store_sql``)."""
         async with self._write_lock:
             await self._db.executescript(sql)
 

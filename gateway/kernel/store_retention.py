@@ -1,10 +1,12 @@
 """Retention and size of the database (issue 24): what ``retention`` removes, and the figures
 ``parley db stats`` shows.
 
-Plain functions over one ``sqlite3.Connection``: the gateway runs them as short write
-transactions through ``Store._write`` (``gateway/retention.py``: a batch per transaction, so a
-turn's write never waits long), ``parley db`` on a connection of its own. New queries only,
-over the existing tables; nothing here is on a turn's path.
+Plain functions over one ``sqlite3.Connection``, or PostgreSQL's connection of the same shape
+(``store_pg.SyncConnection``: statements in SQLite's dialect, rewritten; ``twin`` where they
+differ): the gateway runs them as short write transactions through ``Store._write``
+(``gateway/retention.py``: a batch per transaction, so a turn's write never waits long; on
+PostgreSQL in the process holding the schedules' leader lease), ``parley db`` on a connection of
+its own. New queries only, over the existing tables; nothing here is on a turn's path.
 
 What may go, and what never does:
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import twin
 
 Removed = dict[str, int]
 
@@ -60,13 +63,22 @@ def _cutoff(now: datetime, seconds: float) -> str:
     return (now - timedelta(seconds=seconds)).isoformat()
 
 
+def _postgres(conn: Any) -> bool:
+    """The connection is PostgreSQL's (``store_pg.SyncConnection``), not SQLite's."""
+    return not isinstance(conn, sqlite3.Connection)
+
+
 def _ids(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[int]:
     return [int(r[0]) for r in conn.execute(sql, params)]
 
 
-def _delete_ids(conn: sqlite3.Connection, table: str, column: str, ids: list[int]) -> int:
+def _delete_ids(conn: sqlite3.Connection, table: str, column: str,
+                ids: list[int] | list[str]) -> int:
     if not ids:
         return 0
+    if _postgres(conn):  # one statement text whatever the count (an array, not N marks)
+        return int(conn.execute(f"DELETE FROM {table} WHERE {column} = ANY(?)",
+                                (list(ids),)).rowcount)
     marks = ",".join("?" * len(ids))
     return conn.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids).rowcount
 
@@ -91,37 +103,45 @@ def prune_queues(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pas
 def prune_snapshots(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
     done = Pass()
     if policy.snapshots_max_age > 0:
-        ids = _ids(conn, "SELECT rowid FROM context_snapshots WHERE created_at < ? "
-                   "ORDER BY rowid LIMIT ?", (_cutoff(now, policy.snapshots_max_age),
+        key = "seq" if _postgres(conn) else "rowid"  # PostgreSQL has no rowid
+        ids = _ids(conn, f"SELECT {key} FROM context_snapshots WHERE created_at < ? "
+                   f"ORDER BY {key} LIMIT ?", (_cutoff(now, policy.snapshots_max_age),
                                                policy.batch))
-        done.add("context_snapshots", _delete_ids(conn, "context_snapshots", "rowid", ids))
+        done.add("context_snapshots", _delete_ids(conn, "context_snapshots", key, ids))
         done.more = len(ids) == policy.batch
     return done
 
 
 _SUMMARISED = ("SELECT c.session_id, MAX(c.first_kept_id) FROM compactions c "
                "GROUP BY c.session_id")
-_TURNS = ("SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
-          "json_extract(s.detail, '$.inputs.history_ids[0]') FROM messages m "
-          "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
-          "WHERE m.session_id = ? GROUP BY m.turn_id ORDER BY MIN(m.id)")
+_TURNS = twin("SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
+              "json_extract(s.detail, '$.inputs.history_ids[0]') FROM messages m "
+              "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
+              "WHERE m.session_id = ? GROUP BY m.turn_id ORDER BY MIN(m.id)",
+              "SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
+              "MIN((s.detail::jsonb #>> '{inputs,history_ids,0}')::bigint) FROM messages m "
+              "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
+              "WHERE m.session_id = %s GROUP BY m.turn_id ORDER BY MIN(m.id)")
 
 
 def _remove_turns(conn: sqlite3.Connection, turns: list[str], done: Pass) -> None:
     """Turns with their messages, search entries and snapshots."""
     if not turns:
         return
-    marks = ",".join("?" * len(turns))
-    ids = _ids(conn, f"SELECT id FROM messages WHERE turn_id IN ({marks})", tuple(turns))
-    for table, column in (("message_search", "rowid"), ("message_search_plain", "id")):
-        try:
-            done.add(table, _delete_ids(conn, table, column, ids))
-        except sqlite3.OperationalError:  # that index is not in this database
-            pass
+    if _postgres(conn):
+        ids = _ids(conn, "SELECT id FROM messages WHERE turn_id = ANY(?)", (turns,))
+        done.add("message_search_plain", _delete_ids(conn, "message_search_plain", "id", ids))
+    else:
+        marks = ",".join("?" * len(turns))
+        ids = _ids(conn, f"SELECT id FROM messages WHERE turn_id IN ({marks})", tuple(turns))
+        for table, column in (("message_search", "rowid"), ("message_search_plain", "id")):
+            try:
+                done.add(table, _delete_ids(conn, table, column, ids))
+            except sqlite3.OperationalError:  # that index is not in this database
+                pass
     done.add("messages", _delete_ids(conn, "messages", "id", ids))
-    done.add("context_snapshots", conn.execute(
-        f"DELETE FROM context_snapshots WHERE turn_id IN ({marks})", turns).rowcount)
-    done.add("turns", conn.execute(f"DELETE FROM turns WHERE id IN ({marks})", turns).rowcount)
+    done.add("context_snapshots", _delete_ids(conn, "context_snapshots", "turn_id", turns))
+    done.add("turns", _delete_ids(conn, "turns", "id", turns))
 
 
 def _removable(rows: list[tuple[str, int, str, int, int | None]], first_kept: int,
@@ -203,9 +223,37 @@ def table_sizes(conn: sqlite3.Connection) -> dict[str, int]:
     return out
 
 
+def _rows(conn: Any, tables: Any) -> dict[str, int]:
+    return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in tables}
+
+
+def _tail(conn: Any) -> dict[str, Any]:
+    return {"delivered_outbox": int(conn.execute(
+                "SELECT COUNT(*) FROM outbox WHERE status = 'delivered'").fetchone()[0]),
+            "oldest_snapshot": conn.execute(
+                "SELECT MIN(created_at) FROM context_snapshots").fetchone()[0]}
+
+
+def stats_postgres(conn: Any) -> dict[str, Any]:
+    """``stats`` on PostgreSQL: the database's size, each table's with its indexes and TOAST
+    (``pg_total_relation_size``); free space is PostgreSQL's own (no free-page count)."""
+    total = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+    sizes = {str(name): int(size) for name, size in conn.execute(
+        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind = 'r'")}
+    rows = _rows(conn, [t for t in COUNTED if t in sizes])
+    used, turns = sum(sizes.values()), rows.get("turns", 0)
+    return {"bytes": total, "used_bytes": used, "free_bytes": None, "rows": rows,
+            "table_bytes": sizes, "bytes_per_turn": round(used / turns) if turns else None,
+            **_tail(conn)}
+
+
 def stats(conn: sqlite3.Connection) -> dict[str, Any]:
     """What ``parley db stats`` shows: pages, free pages, rows and bytes per table, and
     bytes per stored turn."""
+    if _postgres(conn):
+        return stats_postgres(conn)
     page = int(conn.execute("PRAGMA page_size").fetchone()[0])
     pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
     free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
@@ -219,11 +267,7 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
     turns = rows.get("turns", 0)
     return {"bytes": pages * page, "used_bytes": used, "free_bytes": free * page,
             "rows": rows, "table_bytes": table_sizes(conn),
-            "bytes_per_turn": round(used / turns) if turns else None,
-            "delivered_outbox": int(conn.execute(
-                "SELECT COUNT(*) FROM outbox WHERE status = 'delivered'").fetchone()[0]),
-            "oldest_snapshot": conn.execute(
-                "SELECT MIN(created_at) FROM context_snapshots").fetchone()[0]}
+            "bytes_per_turn": round(used / turns) if turns else None, **_tail(conn)}
 
 
 def policy_of(config: RetentionConfig) -> Policy:
@@ -238,3 +282,9 @@ async def prune_store(db: Database, policy: Policy, now: datetime) -> Pass:
     """One batch of every rule in one short write transaction of the gateway's connection
     (the same lock as a turn's writes: a turn waits at most for one batch)."""
     return await db._write(lambda conn: prune_once(conn, policy, now))
+
+
+async def stats_store(db: Database) -> dict[str, Any]:
+    """``stats`` over the gateway's own connection (how ``parley db stats`` reads
+    PostgreSQL)."""
+    return await db._write(stats)

@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.kernel.fts import TRIGRAM, like_pattern, match_expr, query_words, trigram_terms
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import TableSet, register, twin
 
 _log = logging.getLogger(__name__)
 
@@ -39,6 +40,17 @@ CREATE TABLE IF NOT EXISTS message_search_plain (
     role TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS message_search_plain_chat ON message_search_plain(chat, id);
 """
+
+
+PLAIN_SCHEMA_PG = PLAIN_SCHEMA.replace("INTEGER", "BIGINT")
+"""PostgreSQL's twin: the plain table (no FTS5 there), searched with ILIKE."""
+TABLES = register(TableSet("search", (), ("message_search_plain",),
+                           upsert_keys={"message_search_plain": ("id",)}))
+"""Made by ``ensure_search`` (which table depends on this SQLite); copied from SQLite only
+where SQLite used the plain table (``backfill_search`` indexes the rest)."""
+twin("INSERT INTO message_search (rowid, text, chat, person, role) VALUES (?, ?, ?, ?, ?)",
+     "INSERT INTO message_search_plain (id, text, chat, person, role) "
+     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +86,13 @@ class SearchTables(Database):
     """The search index's table and its one query."""
 
     search_mode = "fts5-trigram" if TRIGRAM else "like"
+    trigram = TRIGRAM
+    """False on PostgreSQL: the plain table, searched with ILIKE."""
 
     async def ensure_search(self) -> None:
-        await self.ensure_schema(FTS_SCHEMA if TRIGRAM else PLAIN_SCHEMA)
-        if not TRIGRAM:
+        await self.ensure_schema(FTS_SCHEMA if TRIGRAM else PLAIN_SCHEMA,
+                                 postgres=PLAIN_SCHEMA_PG)
+        if not self.trigram and self.dialect == "sqlite":
             _log.warning("session search: this SQLite (%s) has no FTS5 trigram tokenizer "
                          "(3.34 or later): searching with LIKE, slower and unranked",
                          sqlite3.sqlite_version)
@@ -98,7 +113,7 @@ class SearchTables(Database):
             params.append(person)
         rows: list[Any] = []
         long_terms, _ = trigram_terms(terms)
-        if TRIGRAM and long_terms:
+        if self.trigram and long_terms:
             for joiner in ("AND", "OR"):
                 rows = await self._fetchall(
                     "SELECT s.rowid, se.key, m.created_at, s.role, s.person, s.text "
@@ -110,9 +125,10 @@ class SearchTables(Database):
                 if rows or len(long_terms) == 1:
                     break
         else:
-            table = "message_search" if TRIGRAM else "message_search_plain"
-            key = "rowid" if TRIGRAM else "id"
-            likes = " AND ".join("s.text LIKE ? ESCAPE '\\'" for _ in terms)
+            table = "message_search" if self.trigram else "message_search_plain"
+            key = "rowid" if self.trigram else "id"
+            like = "ILIKE" if self.dialect == "postgresql" else "LIKE"  # SQLite's: no case
+            likes = " AND ".join(f"s.text {like} ? ESCAPE '\\'" for _ in terms)
             escaped = [like_pattern(t) for t in terms]
             rows = await self._fetchall(
                 f"SELECT s.{key}, se.key, m.created_at, s.role, s.person, s.text "

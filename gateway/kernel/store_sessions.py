@@ -287,11 +287,10 @@ class SessionTables(LayerTexts):
                           messages_summarised)
 
     async def all_messages(self, session_id: int) -> AsyncIterator[StoredMessage]:
-        async with self._db.execute(
+        async for r in self.iterate(
                 "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
-                "ORDER BY id", (session_id,)) as cursor:
-            async for r in cursor:
-                yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
+                "ORDER BY id", (session_id,)):
+            yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
 
     async def save_calls(self, *, session_id: int, turn_id: str, calls: list[LLMCallRecord],
                          usage: UsageTags | None) -> None:

@@ -14,6 +14,17 @@ from typing import Any
 from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import expand, frames_of, with_columns
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_sql import twin
+
+SNAPSHOT_COLUMNS = "detail, turn_id, context_hash, total_tokens"
+_LATEST = twin(f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
+               "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+               f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = %s "
+               "ORDER BY created_at DESC, seq DESC LIMIT 1")
+_ALL = twin(f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
+            "ORDER BY created_at, rowid",
+            f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = %s "
+            "ORDER BY created_at, seq")
 
 INSERT_TEXT = "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)"
 KNOWN_TEXTS = 10_000
@@ -57,9 +68,6 @@ class LayerTexts(Database):
         return [(r[0], json.loads(r[1])) for r in rows]
 
 
-SNAPSHOT_COLUMNS = "detail, turn_id, context_hash, total_tokens"
-
-
 class SnapshotTables(LayerTexts):
     """Reads over context snapshots, LLM calls and table counts."""
 
@@ -71,16 +79,12 @@ class SnapshotTables(LayerTexts):
         return [expand(r, frames) for r in rows]
 
     async def latest_snapshot(self, session_id: int) -> dict[str, Any] | None:
-        row = await self._fetchone(
-            f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
-            "ORDER BY created_at DESC, rowid DESC LIMIT 1", (session_id,))
+        row = await self._fetchone(_LATEST, (session_id,))
         return (await self._expanded([row]))[0] if row else None
 
     async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
         """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
-        rows = await self._fetchall(
-            f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = ? "
-            "ORDER BY created_at, rowid", (session_id,))
+        rows = await self._fetchall(_ALL, (session_id,))
         return await self._expanded(list(rows))
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:

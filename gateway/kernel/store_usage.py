@@ -14,7 +14,7 @@ from gateway.kernel.store_db import Database, iso
 
 UsageBy = Literal["person", "chat", "model", "day", "session", "turn", "kind"]
 _GROUP = {"person": "person", "chat": "chat", "model": "model", "day": "day",
-          "session": "session_id", "turn": "turn_id", "kind": "kind"}
+          "session": "CAST(session_id AS TEXT)", "turn": "turn_id", "kind": "kind"}
 Scope = Literal["person", "chat"]
 
 

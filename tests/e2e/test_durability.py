@@ -7,6 +7,7 @@ for a chat platform whose sends fail, stall or rate-limit on demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,21 @@ from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 
 PARLEY = str(Path(sys.executable).parent / "parley")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """Every test here runs on both stores: SQLite (no ``database``), and PostgreSQL (a fresh
+    database on the session's throwaway cluster)."""
+    return str(request.getfixturevalue("postgres_url")) if request.param == "postgresql" \
+        else None
+
+
+@pytest.fixture
+def make_config(make_config: MakeConfig, database: str | None) -> MakeConfig:
+    if database is None:
+        return make_config
+    return lambda **overrides: make_config(**{"database": database, **overrides})
 
 
 class ScriptedChannel(ChannelBase):
@@ -242,12 +258,12 @@ async def test_many_chats_every_message_answered_once_in_order(make_config: Make
     assert llm.calls == chats * per_chat
 
 
-def _write_config(tmp_path: Path, llm: ScriptedLLM) -> Path:
+def _write_config(tmp_path: Path, llm: ScriptedLLM, database: str | None = None) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "workspace": "ws", "data_dir": "data",
         "agent": {"model": "openai/test-model", "api_base": llm.base_url, "api_key": "k"},
-        "channels": {"local": {"port": 0}}}))
+        "channels": {"local": {"port": 0}}, **({"database": database} if database else {})}))
     return path
 
 
@@ -265,16 +281,20 @@ async def _start_gateway(config: Path) -> tuple[asyncio.subprocess.Process, str]
             return proc, m.group(1)
 
 
-async def _drain_stderr(proc: asyncio.subprocess.Process) -> None:
+async def _drain_stderr(proc: asyncio.subprocess.Process, log: Path | None = None) -> None:
+    """Read the process's log to its end (into ``log`` when given: what a failure shows)."""
     assert proc.stderr is not None
-    while await proc.stderr.readline():
-        pass
+    with open(log, "ab") if log is not None else contextlib.nullcontext() as out:
+        while line := await proc.stderr.readline():
+            if out is not None:
+                out.write(line)
+                out.flush()
 
 
 @pytest.mark.timeout(90)
-async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(tmp_path: Path,
-                                                                 llm: ScriptedLLM) -> None:
-    config = _write_config(tmp_path, llm)
+async def test_kill_9_mid_turn_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, llm: ScriptedLLM, database: str | None) -> None:
+    config = _write_config(tmp_path, llm, database)
     llm.reply("first answer")
     proc, base = await _start_gateway(config)
     drain = asyncio.create_task(_drain_stderr(proc))

@@ -2,6 +2,7 @@
 background and by ``parley db vacuum``; every turn kept still replays, and the chat goes on.
 
 Ages are read against the sweep's ``now``: the test sweeps as if days had passed (no waiting).
+Every test runs on both stores (SQLite, and PostgreSQL on the session's throwaway cluster).
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import yaml
+
 from agent.replay import replay
 from gateway.app import Gateway
 from gateway.kernel.events import utcnow
 from tests.conftest import MakeConfig
 from tests.e2e.test_cli import parley, write_config
 from tests.e2e.test_context_engine import chat_model, is_flush_call, is_summary_call, talk
+from tests.e2e.test_durability import database, make_config  # noqa: F401  (both stores)
 from tests.e2e.waiting import until
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -27,7 +31,7 @@ async def count(gw: Gateway, sql: str, *params: object) -> int:
 
 
 async def test_retention_removes_old_rows_and_keeps_what_turns_need(
-        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:  # noqa: F811
     chat_model(llm)
     config = make_config(agent={"context": {"max_recent_messages": 6}}, retention={
         "turns_max_age": "1d", "snapshots_max_age": "1d", "outbox_delivered_max_age": "1h",
@@ -71,8 +75,12 @@ async def test_retention_removes_old_rows_and_keeps_what_turns_need(
         assert "SUMMARY" in json.dumps(sent[1])
 
 
-async def test_parley_db_stats_and_vacuum(tmp_path: Path, llm: ScriptedLLM) -> None:
+async def test_parley_db_stats_and_vacuum(tmp_path: Path, llm: ScriptedLLM,
+                                          database: str | None) -> None:  # noqa: F811
     path = write_config(tmp_path, llm)
+    if database is not None:
+        path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
+                                        "database": database}))
     llm.echo()
     from gateway.kernel.config import load_config
 
@@ -83,6 +91,7 @@ async def test_parley_db_stats_and_vacuum(tmp_path: Path, llm: ScriptedLLM) -> N
     code, out, err = await parley("db", "stats", "--config", str(path))
     assert code == 0, err
     assert "messages" in out and "per stored turn:" in out
+    assert ("postgresql://" in out) == (database is not None)
     code, out, err = await parley("db", "stats", "--json", "--config", str(path))
     found = json.loads(out)
     assert found["rows"]["turns"] == 5 and found["rows"]["messages"] == 10

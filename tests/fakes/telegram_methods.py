@@ -154,6 +154,7 @@ class TelegramMethods(TelegramState):
                 await self._changed.wait_for(
                     lambda: generation != self._poll_generation or not self.stall_updates)
             if generation != self._poll_generation:
+                self.conflicts += 1
                 raise ApiError(409, "Conflict: terminated by other getUpdates request; make sure "
                                     "that only one bot instance is running")
             self.completed_polls += 1

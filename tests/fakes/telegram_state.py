@@ -88,6 +88,8 @@ class TelegramState:
         self.stall_updates = False
         """While True, getUpdates never answers (a long poll on a dead connection)."""
         self.completed_polls = 0
+        self.conflicts = 0
+        """getUpdates calls ended with 409 by a newer one (two pollers of one token)."""
         self.stalled_polls = 0
         self.gone = False
         """While True, every call's connection closes without an answer (``set_gone``)."""

@@ -3,14 +3,23 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gateway.kernel.store import NewMessage, Store
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Each test runs on both backends: an SQLite file, and a fresh PostgreSQL database."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("postgres_url"))
+    return tmp_path / "db" / "parley.db"
+
+
 @pytest.fixture
-async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
-    s = await Store.open(tmp_path / "db" / "parley.db")
+async def store(where: Path | str):  # type: ignore[no-untyped-def]
+    s = await Store.open(where)
     yield s
     await s.close()
 
@@ -20,8 +29,9 @@ def user(text: str) -> NewMessage:
 
 
 async def test_wal_and_sessions(store: Store) -> None:
-    async with store._db.execute("PRAGMA journal_mode") as cur:
-        assert (await cur.fetchone())[0] == "wal"
+    if store.dialect == "sqlite":
+        async with store._db.execute("PRAGMA journal_mode") as cur:
+            assert (await cur.fetchone())[0] == "wal"
     a = await store.active_session("local:c1")
     assert (await store.active_session("local:c1")).id == a.id
     b = await store.new_session("local:c1")
@@ -46,7 +56,7 @@ async def test_recent_messages_reads_only_the_tail(store: Store) -> None:
 async def test_a_turn_is_one_transaction(store: Store) -> None:
     s = await store.active_session("k")
     # a hash sqlite cannot store fails after the messages were inserted: all rolled back
-    with pytest.raises(sqlite3.Error):
+    with pytest.raises((sqlite3.Error, psycopg.Error)):
         await store.save_turn(session_id=s.id, turn_id="t1", inbound_id=None,
                               messages=[user("a"), user("b")],
                               snapshot={"hash": {"not": "storable"}, "total_tokens": 1})
@@ -54,8 +64,8 @@ async def test_a_turn_is_one_transaction(store: Store) -> None:
     assert (await store.active_session("k")).message_count == 0
 
 
-async def test_reopen_keeps_data(tmp_path: Path) -> None:
-    path = tmp_path / "p.db"
+async def test_reopen_keeps_data(where: Path | str) -> None:
+    path = where
     s = await Store.open(path)
     sess = await s.active_session("k")
     await s.save_turn(session_id=sess.id, turn_id="t", inbound_id="m1", messages=[user("a")],

@@ -20,6 +20,12 @@ from tests.gateway import test_store
 store = test_store.store  # the fixture: a fresh database under tmp_path/db/
 
 
+@pytest.fixture
+def where(tmp_path: Path) -> Path:
+    """These are SQLite's file's tests: that backend only (test_store runs both)."""
+    return tmp_path / "db" / "parley.db"
+
+
 def message(text: str) -> InboundMessage:
     return InboundMessage(channel="local", chat_id="c1", sender_id="u1", text=text)
 

@@ -1,0 +1,250 @@
+"""The store on PostgreSQL: the same ``Store`` (every table, every query) for several gateway
+processes on one database, chosen by ``database: postgresql://...`` in the config.
+
+Shaped like the SQLite side so the tables' modules run unchanged: one psycopg connection used
+from one thread (as aiosqlite does), ``_write(fn)`` runs a whole transaction there in one hop,
+``transaction()`` yields a connection whose ``execute`` is awaitable and an async context
+manager, like aiosqlite's. Statements are rewritten once per text by ``store_sql.to_postgres``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, Self, TypeVar
+
+import psycopg
+
+from gateway.kernel.store_queues import QueueTables
+from gateway.kernel.store_schema import CORE
+from gateway.kernel.store_search import SearchTables
+from gateway.kernel.store_sessions import SessionTables
+from gateway.kernel.store_snapshots import SnapshotTables
+from gateway.kernel.store_sql import TableSet, hide_password, postgres_ddl, to_postgres
+from gateway.kernel.store_usage import UsageTables
+
+T = TypeVar("T")
+
+
+class Cursor:
+    """A statement's result, shaped like sqlite3's cursor: ``rowcount``, ``lastrowid``
+    (the generated id an ``INSERT`` returned), ``fetchone``/``fetchall``."""
+
+    def __init__(self, cur: psycopg.Cursor[Any], returning: bool) -> None:
+        self.rowcount = cur.rowcount
+        self._rows: list[Any] = list(cur.fetchall()) if cur.description is not None else []
+        self.lastrowid: int | None = None
+        if returning:
+            self.lastrowid = self._rows[0][0] if self._rows else None
+            self._rows = []
+        self._at = 0
+
+    def fetchone(self) -> Any:
+        if self._at >= len(self._rows):
+            return None
+        self._at += 1
+        return self._rows[self._at - 1]
+
+    def fetchall(self) -> list[Any]:
+        rows, self._at = self._rows[self._at:], len(self._rows)
+        return rows
+
+    def fetchmany(self, n: int) -> list[Any]:
+        rows = self._rows[self._at:self._at + n]
+        self._at += len(rows)
+        return rows
+
+    def __iter__(self) -> Any:
+        return iter(self.fetchall())
+
+
+class SyncConnection:
+    """What ``_write``'s function gets on PostgreSQL, shaped like ``sqlite3.Connection``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
+        text, returning = to_postgres(sql)
+        with self._conn.cursor() as cur:
+            cur.execute(text, tuple(params))  # type: ignore[arg-type]  # rewritten text
+            return Cursor(cur, returning)
+
+    def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        batch = [tuple(r) for r in rows]
+        if batch:
+            text, _ = to_postgres(sql)
+            with self._conn.cursor() as cur:
+                cur.executemany(text, batch)  # type: ignore[arg-type]
+
+
+class AsyncCursor:
+    """aiosqlite's cursor shape over a fetched ``Cursor`` (no I/O left to do)."""
+
+    def __init__(self, cur: Cursor) -> None:
+        self._cur = cur
+        self.rowcount = cur.rowcount
+        self.lastrowid = cur.lastrowid
+
+    async def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    async def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    async def close(self) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        async def rows() -> AsyncIterator[Any]:
+            for row in self._cur.fetchall():
+                yield row
+        return rows()
+
+
+class _Pending:
+    """``await conn.execute(...)`` and ``async with conn.execute(...) as cur``, as aiosqlite."""
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        self._run = run
+
+    def __await__(self) -> Generator[Any, None, AsyncCursor]:
+        return self._go().__await__()
+
+    async def _go(self) -> AsyncCursor:
+        return AsyncCursor(await self._run())
+
+    async def __aenter__(self) -> AsyncCursor:
+        return await self._go()
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+class AsyncConnection:
+    """What ``transaction()`` yields on PostgreSQL, shaped like ``aiosqlite.Connection``."""
+
+    def __init__(self, db: PgStore) -> None:
+        self._db = db
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> _Pending:
+        return _Pending(lambda: self._db._call(lambda c: c.execute(sql, params)))
+
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        batch = [tuple(r) for r in rows]
+        await self._db._call(lambda c: c.executemany(sql, batch))
+
+    async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        cur = await self._db._call(lambda c: c.execute(sql, params))
+        return cur.fetchall()
+
+
+class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTables):
+    """``Store`` on PostgreSQL (the same tables' classes, this connection under them; not a
+    subclass of ``Store``, which opens it: ``await Store.open("postgresql://...")``)."""
+
+    dialect = "postgresql"
+    claims_inbound = True
+    trigram = False
+    search_mode = "like"
+
+    def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:  # noqa: D107
+        self._conn = conn
+        self._sync = SyncConnection(conn)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="parley-pg")
+        self.url = url
+        self.target = hide_password(url)
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+        self.problem: str | None = None
+        self._texts_known: set[str] = set()  # LayerTexts' (store_snapshots): its __init__ is
+        # SQLite's, not run here
+
+    @classmethod
+    async def connect(cls, url: str) -> Self:
+        try:
+            conn: psycopg.Connection[Any] = await asyncio.to_thread(
+                lambda: psycopg.connect(url, autocommit=True, connect_timeout=10))
+        except psycopg.Error as e:
+            raise ConnectionError(f"cannot connect to PostgreSQL at {hide_password(url)}: "
+                                  f"{str(e).strip().splitlines()[0] if str(e) else e}") from None
+        self = cls(conn, url)
+        try:
+            await self.migrate(CORE)
+            await self.ensure_search()
+            await self.backfill_search()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            async with self._write_lock:
+                await self._call(lambda c: self._conn.close())
+            self._thread.shutdown(wait=False)
+
+    async def _call(self, fn: Callable[[SyncConnection], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, self._sync)
+
+    async def _write(self, fn: Callable[[Any], T]) -> T:
+        def in_transaction(c: SyncConnection) -> T:
+            with self._conn.transaction():
+                return fn(c)
+        async with self._write_lock:
+            return await self._call(in_transaction)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        async with self._write_lock:
+            await self._call(lambda c: c.execute("BEGIN"))
+            try:
+                yield AsyncConnection(self)
+            except BaseException:
+                await self._call(lambda c: c.execute("ROLLBACK"))
+                raise
+            else:
+                await self._call(lambda c: c.execute("COMMIT"))
+
+    async def ensure_schema(self, sql: str, *, postgres: str | None = None) -> None:
+        text = postgres if postgres is not None else postgres_ddl(sql)
+        async with self._write_lock:
+            await self._call(lambda c: self._conn.execute(text))  # type: ignore[arg-type]
+
+    async def migrate(self, tables: TableSet) -> int:
+        """As on SQLite, one process at a time: several may start together."""
+        await self._call(lambda c: c.execute("SELECT pg_advisory_lock(19)"))
+        try:
+            return await super().migrate(tables)
+        finally:
+            await self._call(lambda c: c.execute("SELECT pg_advisory_unlock(19)"))
+
+    async def vacuum(self) -> None:
+        """``VACUUM (ANALYZE)`` outside a transaction (``parley db vacuum``)."""
+        async with self._write_lock:
+            await self._call(lambda c: c.execute("VACUUM (ANALYZE)"))
+
+    def check_file(self) -> str | None:
+        """SQLite's check that its file is still there; a lost connection shows in the
+        cluster's health (``gateway/cluster.py``)."""
+        return None
+
+    async def columns(self, table: str) -> set[str]:
+        rows = await self._fetchall(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ?", (table,))
+        return {r[0] for r in rows}
+
+    async def iterate(self, sql: str, params: tuple[Any, ...] = ()) -> AsyncIterator[Any]:
+        for row in await self._fetchall(sql, params):
+            yield row
+
+    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = await self._call(lambda c: c.execute(sql, params))
+        return cur.fetchone()
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        cur = await self._call(lambda c: c.execute(sql, params))
+        return cur.fetchall()

@@ -1,0 +1,94 @@
+"""The throwaway PostgreSQL cluster the several-process tests run on (issue 19)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import psycopg
+
+from tests.fakes.postgres import PostgresCluster
+
+
+def test_each_test_gets_its_own_empty_database(postgres_url: str,
+                                                 postgres_cluster: PostgresCluster) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("CREATE TABLE t (x int)")
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    other = postgres_cluster.fresh_database()
+    with psycopg.connect(other) as conn:
+        found = conn.execute("SELECT to_regclass('t')").fetchone()
+    assert found == (None,)
+
+
+# The cluster worker's stop (gateway/cluster.py) -----------------------------------------------
+
+async def _worker(url: str) -> Any:
+    from gateway.cluster import ClusterWorker
+    from gateway.delivery import ChannelManager
+    from gateway.kernel.bus import MessageBus
+    from gateway.kernel.store import Store
+
+    store = await Store.open(url)
+    bus = MessageBus()
+    return ClusterWorker(cast(Any, store), bus, ChannelManager(bus), lease=5.0,
+                         channels=["local"])
+
+
+async def test_a_wake_up_as_the_worker_stops_does_not_keep_it_running(postgres_url: str) -> None:
+    """A wake-up (a peer's NOTIFY) arriving as the stop cancels the claiming loop, while a
+    peer is alive (the loop waits at most until the peer's lease ends): the stop still ends.
+    Python 3.11's ``asyncio.wait_for`` swallowed that cancel (the wake-up won), so a gateway
+    stopping as a peer left waited for ever; every interleaving is tried."""
+    peer = await _worker(postgres_url)
+    await peer.start()
+    try:
+        for turns in range(4):  # the wake-up 0..3 loop iterations ahead of the cancel
+            worker = await _worker(postgres_url)
+            await worker.start()
+            try:
+                claims = worker._claiming[1]
+                for _ in range(3000):  # until the claiming loop waits for a wake-up
+                    if worker._wake._waiters:  # (asyncio.Event's waiters: no public view)
+                        break
+                    await asyncio.sleep(0.01)
+                worker._wake.set()
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                async with asyncio.timeout(30):  # a bound only: the stop must end, not hang
+                    await worker.stop()
+                assert claims.done()
+            finally:
+                await worker.cluster.store.close()
+    finally:
+        await peer.stop()
+        await peer.cluster.store.close()
+
+
+async def test_a_stopping_process_takes_no_leader_lease(postgres_url: str) -> None:
+    """A process that stops takes nothing new: when the schedules' leader leaves at the same
+    time, the stopping process does not start them (they would outlive its stop)."""
+    leader, other = await _worker(postgres_url), await _worker(postgres_url)
+    started: list[str] = []
+
+    async def start_a() -> None:
+        started.append("a")
+
+    async def start_b() -> None:
+        started.append("b")
+
+    leader.leaders["schedules"], other.leaders["schedules"] = start_a, start_b
+    try:
+        await leader.start()
+        await leader.try_lead()
+        await other.start()
+        await other.try_lead()
+        assert started == ["a"]
+        await other.stop_claiming()
+        await leader.stop()  # hands the schedules back and wakes the others
+        await other.try_lead()
+        assert started == ["a"] and not other.leading
+        await other.stop()
+    finally:
+        for worker in (leader, other):
+            await worker.cluster.store.close()
