@@ -63,7 +63,8 @@ async def test_copy_moves_every_table_and_new_rows_follow(tmp_path: Path,
         assert [m.body["content"] for m in await pg.recent_messages(copied.id, 10)] == \
             ["hi", "hello"]
         assert (await pg.usage_total()).cost == 0.25
-        assert await pg.latest_snapshot(copied.id) == {"hash": "h", "total_tokens": 5}
+        assert await pg.latest_snapshot(copied.id) == {"turn_id": "t1", "hash": "h",
+                                                       "total_tokens": 5}
         assert await PairingStore(pg).is_approved("telegram", "42")
         assert [j.id for j in await CronJobs(pg, clock=SystemClock(), timezone="UTC").jobs()] \
             == [job.id]
