@@ -55,7 +55,7 @@ test: install-test system-deps
 
 lint: install-test
 	$(BIN)/ruff check .
-	$(BIN)/mypy gateway channels agent workspace
+	$(BIN)/mypy gateway channels agent workspace parley bench
 
 bench: install-test
 	$(BIN)/python -m bench

@@ -158,6 +158,7 @@ async def measure(root: Path, sizes: tuple[int, ...], iterations: int) -> dict[s
                                   turn_id=f"m{i}")
             if i >= 10:
                 build.append(time.perf_counter() - t0)
+        assert built is not None
         out["with_daily_logs"] = {"stored_messages": size, "daily_logs": 1095,
                                   "total": summary_ms(build),
                                   "memory_recalled": built.snapshot["sources"]["memory_recalled"]}
