@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gateway.kernel.store import Compaction, Store, StoredMessage
 
-SESSIONS_KEPT = 256
+SESSIONS_KEPT = 128
 """Sessions whose history stays in memory (an idle one is read again when it speaks): more
 than the chats a busy gateway answers at once, or every turn would read and parse its whole
 history again (100 chats in turn evicted each other at 64; bench/)."""
