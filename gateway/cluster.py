@@ -165,8 +165,12 @@ class ClusterWorker:
                 except Exception:
                     pass
                 if not self.taking_work:
+                    try:  # back as a live process (its old claims may be the others' now)
+                        await self.cluster.join()
+                    except Exception as exc:  # its store's connection not back yet
+                        _log.warning("cluster: rejoining failed: %s", exc)
+                        continue
                     _log.warning("cluster: the database answers again; taking work")
-                    await self.cluster.join()
                 self.taking_work, self.problem = True, None
                 continue
             if self.taking_work:

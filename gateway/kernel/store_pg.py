@@ -10,6 +10,7 @@ manager, like aiosqlite's. Statements are rewritten once per text by ``store_sql
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from gateway.kernel.store_sql import TableSet, hide_password, postgres_ddl, to_p
 from gateway.kernel.store_usage import UsageTables
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 class Cursor:
@@ -188,7 +190,17 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
             self._thread.shutdown(wait=False)
 
     async def _call(self, fn: Callable[[SyncConnection], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, self._sync)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, fn)
+
+    def _run(self, fn: Callable[[SyncConnection], T]) -> T:
+        """``fn`` on the store's thread, on a new connection when the last one was lost (the
+        server restarted, the network dropped): what failed then failed, and was said; the
+        store works again once the database answers (the cluster's health shows the gap)."""
+        if self._conn.closed and not self._closed:
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            self._sync = SyncConnection(self._conn)
+            _log.warning("PostgreSQL at %s: connected again", self.target)
+        return fn(self._sync)
 
     async def _write(self, fn: Callable[[Any], T]) -> T:
         def in_transaction(c: SyncConnection) -> T:

@@ -92,3 +92,34 @@ async def test_a_stopping_process_takes_no_leader_lease(postgres_url: str) -> No
     finally:
         for worker in (leader, other):
             await worker.cluster.store.close()
+
+
+async def test_a_process_cut_off_from_the_database_stops_taking_work_and_says_so(
+        postgres_url: str) -> None:
+    """Its connections are killed on the server (as when the network drops): the next lease
+    renewal fails, the process stops taking work and health names why; when the database
+    answers again it takes work again."""
+    from tests.e2e.waiting import until
+
+    worker = await _worker(postgres_url)
+    worker.cluster.lease = 1.0  # renewals every third of a second
+    await worker.start()
+    try:
+        await until(lambda: worker.taking_work and worker.cluster._beat is not None,
+                    "the worker to take work and renew its lease once")
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+            cut = await (await db.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).fetchone()
+        assert cut is not None and cut[0] >= 1
+        await until(lambda: not worker.taking_work, "the worker to stop taking work")
+        health = worker.health()
+        assert health["taking_work"] is False
+        assert "lost the database" in health["problem"]
+        await until(lambda: worker.taking_work, "the worker to take work again", timeout=30)
+        assert "problem" not in worker.health()
+        session = await worker.cluster.store.active_session("local:after")  # writes again
+        assert session.key == "local:after"
+    finally:
+        await worker.stop()
+        await worker.cluster.store.close()
