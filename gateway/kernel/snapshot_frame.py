@@ -91,8 +91,8 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
             isinstance(c, dict) and {"added", "shortened", "tools"} <= c.keys() for c in calls):
         tools = calls[0]["tools"]
         frame["calls"] = {"tools": tools}
-        row["calls"] = [{k: v for k, v in c.items()
-                         if not (k == "tools" and v == tools) and _CALL_DEFAULTS.get(k, c) != v}
+        usual = {**_CALL_DEFAULTS, "tools": tools}
+        row["calls"] = [{k: v for k, v in c.items() if not (k in usual and usual[k] == v)}
                         for c in calls]
     text = _dump(frame)
     digest = hashlib.sha256(text.encode()).hexdigest()
