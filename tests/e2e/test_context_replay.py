@@ -41,7 +41,8 @@ async def test_every_model_call_of_a_turn_replays_after_soul_md_changed(
         # to a match too, and a changed byte in it does not
         older = _first_form(snap, sent)
         assert (await replay(gw.store, config, session.id, older)).matches
-        older["calls"][2]["hash"] = older["calls"][2]["hash"][:-1] + "0"
+        digest = older["calls"][2]["hash"]
+        older["calls"][2]["hash"] = digest[:-1] + ("1" if digest.endswith("0") else "0")
         assert not (await replay(gw.store, config, session.id, older)).matches
         # the edited SOUL.md is what the next turn sends; one more row, not one per turn
         llm.reply("bonjour")

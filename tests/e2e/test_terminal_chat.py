@@ -130,7 +130,9 @@ async def test_parley_chat_on_a_real_terminal(tmp_path: Path, llm: ScriptedLLM) 
     llm.reply("held answer")
     llm.echo()
     config = write_config(tmp_path, llm)
-    command = shlex.join([PARLEY, "chat", "--config", str(config)])
+    # exec: `script` runs the command through $SHELL or /bin/sh; a shell left waiting between it and
+    # parley gets the terminal's SIGINT too, and dash then exits 130 after parley exits 0
+    command = "exec " + shlex.join([PARLEY, "chat", "--config", str(config)])
     proc = await asyncio.create_subprocess_exec(
         "script", "-q", "-f", "-e", "-c", command, "/dev/null", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
