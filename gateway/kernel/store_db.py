@@ -56,18 +56,6 @@ def dump_json(data: Any) -> str:
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-def _in_transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        with suppress(sqlite3.Error):  # a failed COMMIT may have ended the transaction
-            conn.execute("ROLLBACK")
-        raise
-    return result
-
-
 @dataclass(slots=True, eq=False)
 class _Queued:
     """A write waiting for its group's transaction (``Database._write``)."""
@@ -78,32 +66,61 @@ class _Queued:
     error: BaseException | None = None
 
 
-def _batch_in_transaction(conn: sqlite3.Connection, batch: list[_Queued]) -> list[_Queued]:
-    """Every write of ``batch`` in one transaction; the ones to run alone (all of them) when
-    one raised, after rolling the whole back."""
-    if len(batch) == 1:
-        entry = batch[0]
-        try:
-            entry.result = _in_transaction(conn, entry.fn)
-        except Exception as exc:
-            entry.error = exc
-        return []
-    conn.execute("BEGIN IMMEDIATE")
+def _batch_in_transaction(conn: sqlite3.Connection, batch: list[_Queued], *,
+                          begun: bool = False) -> list[_Queued]:
+    """Every write of ``batch`` in one transaction (``begun``: its BEGIN IMMEDIATE already
+    ran); the ones to run alone (all of them) when one raised, after rolling the whole back.
+    A lone write that raised has its error set instead."""
+    if not begun:
+        conn.execute("BEGIN IMMEDIATE")
     try:
         results = [entry.fn(conn) for entry in batch]
         conn.execute("COMMIT")
-    except Exception:
+    except Exception as exc:
         with suppress(sqlite3.Error):  # a failed COMMIT may have ended the transaction
             conn.execute("ROLLBACK")
+        if len(batch) == 1:
+            batch[0].error = exc
+            return []
         return batch
     for entry, result in zip(batch, results, strict=True):
         entry.result = result
     return []
 
 
+_BUSY = ("database is locked", "database is busy", "database table is locked")
+"""Another connection (another process: ``parley chat``, ``parley db vacuum``) holds the lock."""
+
+CHECKPOINT_EVERY = 256
+"""In-loop commits between two checkpoints of the write-ahead log (on the database thread)."""
+
+
+def _now_connection(path: Path) -> sqlite3.Connection:
+    """The connection used on the event loop's own thread: never waits for a lock (busy
+    timeout 0: a busy database sends the work to the thread connection, which waits), never
+    checkpoints (that writes the database file and syncs it: done on the thread instead)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        for pragma in ("busy_timeout=0", "synchronous=NORMAL", "foreign_keys=ON",
+                       "wal_autocheckpoint=0"):
+            conn.execute(f"PRAGMA {pragma}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).lower().startswith(_BUSY)
+
+
 class Database:
-    """One aiosqlite connection; writes go through ``transaction()`` or ``_write()`` under one
-    lock, so two concurrent turns never interleave statements in one transaction."""
+    """Two connections to one file: aiosqlite's (a thread of its own; ``transaction()``, long
+    reads, anything that may wait for another process) and one used on the event loop's thread
+    for what is short — point reads and the group-committed ``_write()`` batches — which costs
+    no thread hop (two context switches and a GIL handover each, ~8 per turn). Writes go
+    through ``transaction()`` or ``_write()`` under one lock, so two concurrent turns never
+    interleave statements in one transaction."""
 
     dialect = "sqlite"
     """``sqlite`` or ``postgresql`` (``store_pg``): the few places that differ ask."""
@@ -113,8 +130,13 @@ class Database:
     target: str
     """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path,
+                 now: sqlite3.Connection | None = None) -> None:
         self._db = db
+        self._now = now
+        """The event loop thread's connection (None: everything on the database thread)."""
+        self._commits_since_checkpoint = 0
+        self._checkpoint: asyncio.Task[None] | None = None
         self.path = path
         self.target = str(path)
         self._write_lock = asyncio.Lock()
@@ -138,10 +160,11 @@ class Database:
             await db.executescript(SCHEMA)
             await upgrade_sqlite(db)
             await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            now = _now_connection(path)
         except BaseException:
             await db.close()
             raise
-        self = cls(db, path)
+        self = cls(db, path, now)
         await self.migrate(CORE)
         return self
 
@@ -177,7 +200,12 @@ class Database:
         if not self._closed:
             self._closed = True
             async with self._write_lock:
-                await self._db.close()
+                if self._checkpoint is not None:
+                    await asyncio.gather(self._checkpoint, return_exceptions=True)
+                if self._now is not None:
+                    self._now.close()
+                    self._now = None
+                await self._db.close()  # the last connection: SQLite checkpoints the log
 
     def check_file(self) -> str | None:
         """Why the database file can take no writes (gone, replaced, read-only), or None.
@@ -272,12 +300,10 @@ class Database:
             for entry in batch:
                 entry.error = exc
             return
-        alone = await self._db._execute(_batch_in_transaction, self._db._conn, batch)
+        alone = await self._batch(batch)
         for entry in alone:  # the batch failed as a whole: each on its own
             try:
-                entry.result = await self._db._execute(_in_transaction, self._db._conn,
-                                                       entry.fn)
-                entry.error = None
+                await self._batch([entry])
             except Exception as exc:
                 entry.error = exc
         for entry in batch:
@@ -285,6 +311,36 @@ class Database:
                 entry.error = self._mapped_error(entry.error)
         if any(entry.error is None for entry in batch):
             self.problem = None
+
+    async def _batch(self, batch: list[_Queued]) -> list[_Queued]:
+        alone = self._batch_now(batch)
+        if alone is None:  # another process holds the lock: the thread waits for it
+            alone = await self._db._execute(_batch_in_transaction, self._db._conn, batch)
+        return alone
+
+    def _batch_now(self, batch: list[_Queued]) -> list[_Queued] | None:
+        """``batch`` on the event loop's connection, or None when the database is busy."""
+        if self._now is None:
+            return None
+        try:
+            self._now.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if _busy(exc):
+                return None
+            raise
+        alone = _batch_in_transaction(self._now, batch, begun=True)
+        self._commits_since_checkpoint += 1
+        if self._commits_since_checkpoint >= CHECKPOINT_EVERY and (
+                self._checkpoint is None or self._checkpoint.done()):
+            self._commits_since_checkpoint = 0
+            self._checkpoint = asyncio.get_running_loop().create_task(self._checkpoint_log())
+        return alone
+
+    async def _checkpoint_log(self) -> None:
+        """Copy the write-ahead log into the database file, on the database thread (the
+        in-loop connection never does: it would sync the file on the loop)."""
+        with suppress(sqlite3.Error, ValueError):  # busy, or the connection closing
+            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -331,8 +387,22 @@ class Database:
     # helpers ------------------------------------------------------------------------------
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
-        rows = await self._db.execute_fetchall(sql, params)  # one thread hop, not three
-        return next(iter(rows), None)
+        return next(iter(await self._fetchall(sql, params)), None)
 
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        return list(await self._db.execute_fetchall(sql, params))
+        """On the loop's connection (a read in WAL mode never waits for a writer; a busy
+        one, rare, goes to the thread). Long reads use ``_fetchall_thread``."""
+        if self._now is not None:
+            try:
+                return self._now.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                if not _busy(exc):
+                    raise
+        return await self._fetchall_thread(sql, params)
+
+    async def _fetchone_thread(self, sql: str, params: tuple[Any, ...]) -> Any:
+        return next(iter(await self._fetchall_thread(sql, params)), None)
+
+    async def _fetchall_thread(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """On the database thread: a read that may take long (a search, a whole session)."""
+        return list(await self._db.execute_fetchall(sql, params))  # one hop, not three

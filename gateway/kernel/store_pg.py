@@ -260,3 +260,9 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         cur = await self._call(lambda c: c.execute(sql, params))
         return cur.fetchall()
+
+    async def _fetchone_thread(self, sql: str, params: tuple[Any, ...]) -> Any:
+        return await self._fetchone(sql, params)  # PostgreSQL: every read is off the loop
+
+    async def _fetchall_thread(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        return await self._fetchall(sql, params)

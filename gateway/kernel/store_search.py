@@ -115,7 +115,7 @@ class SearchTables(Database):
         long_terms, _ = trigram_terms(terms)
         if self.trigram and long_terms:
             for joiner in ("AND", "OR"):
-                rows = await self._fetchall(
+                rows = await self._fetchall_thread(
                     "SELECT s.rowid, se.key, m.created_at, s.role, s.person, s.text "
                     "FROM message_search s JOIN messages m ON m.id = s.rowid "
                     "JOIN sessions se ON se.id = m.session_id "
@@ -130,7 +130,7 @@ class SearchTables(Database):
             like = "ILIKE" if self.dialect == "postgresql" else "LIKE"  # SQLite's: no case
             likes = " AND ".join(f"s.text {like} ? ESCAPE '\\'" for _ in terms)
             escaped = [like_pattern(t) for t in terms]
-            rows = await self._fetchall(
+            rows = await self._fetchall_thread(
                 f"SELECT s.{key}, se.key, m.created_at, s.role, s.person, s.text "
                 f"FROM {table} s JOIN messages m ON m.id = s.{key} "
                 "JOIN sessions se ON se.id = m.session_id "

@@ -214,7 +214,7 @@ class SessionTables(LayerTexts):
 
     async def messages_between(self, session_id: int, first_id: int,
                                last_id: int) -> list[StoredMessage]:
-        rows = await self._fetchall(
+        rows = await self._fetchall_thread(
             "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
             "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
         return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]

@@ -35,8 +35,8 @@ class LayerTexts(Database):
     """The texts snapshots name by content hash: one row per distinct text (a system prompt
     layer, a runtime block, a tool list), whatever number of snapshots name it."""
 
-    def __init__(self, db: Any, path: Path) -> None:
-        super().__init__(db, path)
+    def __init__(self, db: Any, path: Path, now: Any = None) -> None:
+        super().__init__(db, path, now)
         self._texts_known: set[str] = set()
 
     def _new_texts(self, texts: dict[str, str] | None) -> list[tuple[str, str]]:
@@ -84,12 +84,12 @@ class SnapshotTables(LayerTexts):
 
     async def snapshots(self, session_id: int) -> list[dict[str, Any]]:
         """Every turn's snapshot of a session, oldest first (turn N is index N - 1)."""
-        rows = await self._fetchall(_ALL, (session_id,))
+        rows = await self._fetchall_thread(_ALL, (session_id,))
         return await self._expanded(list(rows))
 
     async def usage(self, session_id: int) -> tuple[int, int, int]:
         """(calls, prompt tokens, completion tokens) over a session's turns."""
-        row = await self._fetchone(
+        row = await self._fetchone_thread(
             "SELECT COUNT(*), COALESCE(SUM(c.prompt_tokens), 0), "
             "COALESCE(SUM(c.completion_tokens), 0) FROM llm_calls c "
             "JOIN turns t ON t.id = c.turn_id WHERE t.session_id = ?", (session_id,))
@@ -99,6 +99,6 @@ class SnapshotTables(LayerTexts):
     async def counts(self) -> dict[str, int]:
         out = {}
         for table in ("sessions", "messages", "turns"):
-            row = await self._fetchone(f"SELECT COUNT(*) FROM {table}", ())
+            row = await self._fetchone_thread(f"SELECT COUNT(*) FROM {table}", ())
             out[table] = int(row[0]) if row else 0
         return out

@@ -54,7 +54,7 @@ class UsageTables(Database):
                           since_day: str | None = None, day: str | None = None,
                           session_id: int | None = None) -> UsageRow:
         where, params = _where(person, chat, since_day, day, session_id)
-        row = await self._fetchone(f"SELECT {_SUMS} FROM llm_calls{where}", params)
+        row = await self._fetchone_thread(f"SELECT {_SUMS} FROM llm_calls{where}", params)
         return UsageRow("total", int(row[0]), int(row[1]), int(row[2]), float(row[3]))
 
     async def usage_by(self, by: UsageBy, *, person: str | None = None,
@@ -63,7 +63,7 @@ class UsageTables(Database):
         where, params = _where(person, chat, since_day, None)
         order = "MIN(id)" if by == "turn" else "key" if by == "day" else \
             "SUM(cost) DESC, SUM(prompt_tokens + completion_tokens) DESC, key"
-        rows = await self._fetchall(
+        rows = await self._fetchall_thread(
             f"SELECT COALESCE({_GROUP[by]}, '(unknown)') AS key, {_SUMS} FROM llm_calls{where} "
             f"GROUP BY key ORDER BY {order}", params)
         return [UsageRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]))

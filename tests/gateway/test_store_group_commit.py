@@ -28,7 +28,9 @@ def insert(x: int) -> object:
 async def test_queued_writes_share_one_transaction_and_a_failing_one_fails_alone(
         store: Store) -> None:
     statements: list[str] = []
-    await store._db.set_trace_callback(statements.append)
+    await store._db.set_trace_callback(statements.append)  # the database thread's connection
+    assert store._now is not None  # and the one used on the event loop's thread
+    store._now.set_trace_callback(statements.append)
     await store.write(insert(1))
     statements.clear()
     async with store.transaction():  # holds the writer: the next writes queue behind it
@@ -64,3 +66,59 @@ async def test_a_write_cancelled_before_its_batch_is_left_out(store: Store) -> N
         await dropped
     rows = await store.fetchall("SELECT x FROM t")
     assert [r[0] for r in rows] == [10]
+
+
+async def test_a_write_waits_for_another_process_without_stopping_the_loop(
+        store: Store, tmp_path: Path) -> None:
+    """Writes run on the event loop's own connection, which never waits for a lock: while
+    another process holds the database, the write goes to the database thread and waits
+    there, and the loop goes on serving everything else."""
+    other = sqlite3.connect(tmp_path / "parley.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process writing
+    write = asyncio.ensure_future(store.write(insert(20)))
+    ticks = 0
+    for _ in range(20):  # the loop keeps turning while the write waits
+        await asyncio.sleep(0)
+        ticks += 1
+    assert ticks == 20 and not write.done()
+    assert await store.fetchall("SELECT x FROM t") == []  # reads do not wait either
+    other.execute("COMMIT")
+    other.close()
+    assert await write == 20
+    assert [r[0] for r in await store.fetchall("SELECT x FROM t")] == [20]
+
+
+async def test_the_log_is_copied_into_the_database_file_off_the_loop(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's connection never checkpoints (that syncs the file); every so many commits
+    the database thread copies the write-ahead log into the file."""
+    import shutil
+
+    from gateway.kernel import store_db
+
+    monkeypatch.setattr(store_db, "CHECKPOINT_EVERY", 3)
+
+    def main_file_rows() -> list[int]:  # the database file alone, as without its log
+        copy = tmp_path / "copy"
+        copy.mkdir(exist_ok=True)
+        shutil.copy(tmp_path / "parley.db", copy / "parley.db")
+        conn = sqlite3.connect(copy / "parley.db")
+        try:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone():
+                return []  # not even the table yet
+            return [r[0] for r in conn.execute("SELECT x FROM t ORDER BY x")]
+        finally:
+            conn.close()
+            shutil.rmtree(copy)
+
+    if store._checkpoint is not None:  # opening the store wrote too
+        await store._checkpoint
+    store._commits_since_checkpoint = 0
+    for x in (31, 32):
+        await store.write(insert(x))
+    assert store._checkpoint is None or store._checkpoint.done()
+    assert 32 not in main_file_rows()  # still only in the log
+    await store.write(insert(33))
+    assert store._checkpoint is not None
+    await store._checkpoint
+    assert main_file_rows()[-3:] == [31, 32, 33]
