@@ -263,10 +263,12 @@ class Gateway:
             if schedule is not None:
                 await schedule.stop()
         await self.manager.stop(within=max(self.grace, 0.5))
+        # the channels close their connections before the worker hands back its leases (a
+        # Discord websocket, a Telegram poller): the next holder never overlaps this one
+        await self.manager.stop_channels()
         if self.cluster_worker is not None:  # after the turns and deliveries it fed
             await self.cluster_worker.stop()
             self.cluster_worker = None
-        await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
         try:

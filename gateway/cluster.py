@@ -187,21 +187,36 @@ class ClusterWorker:
         self.members = await self.cluster.members()
         self.unclaimed = await self.cluster.unclaimed()
 
+    def connections(self) -> dict[str, str]:
+        """Which process holds each leader lease (a platform connection, ``telegram:<hash>``
+        or ``discord:<hash>`` of its bot token; ``schedules``), as of the last renewal."""
+        return {lead: m["id"] for m in self.members for lead in m["leads"]}
+
     def health(self) -> dict[str, Any]:
         """This process and the others as of the last renewal (no I/O: health is cheap)."""
         out: dict[str, Any] = {"process": self.me, "taking_work": self.taking_work,
                                "claimed": self.claimed, "unclaimed": self.unclaimed,
                                "lease_seconds": self.cluster.lease,
-                               "processes": self.members}
+                               "processes": self.members,
+                               "connections": self.connections()}
         if self.problem:
             out["problem"] = self.problem
         return out
 
 
+def connection_lease(platform: str, token: str) -> str:
+    """The leader lease's name for one platform connection of a bot token: the platform and
+    a hash of the token (never the token: the name shows in health and the database)."""
+    return f"{platform}:{hashlib.sha256(token.encode()).hexdigest()[:12]}"
+
+
 def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, lease: float,
                    channels: list[str]) -> ClusterWorker:
     """The worker for this process, with a leader lease per connection only one process may
-    hold: a Telegram bot token's getUpdates poller (the others only send, on standby)."""
+    hold: a Telegram bot token's getUpdates poller, a Discord bot token's gateway websocket
+    (the others only send, on standby, and take the connection over when its holder dies).
+    Telegram's webhook mode needs none: every process serves the webhook, the inbox's unique
+    key stores a retried update once."""
     assert isinstance(store, PgStore)
     worker = ClusterWorker(store, bus, manager, lease=lease, channels=channels)
     for channel in manager.channels.values():
@@ -213,12 +228,23 @@ def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, le
                 channel.answers_elsewhere)
         if isinstance(channel, TelegramChannel) and channel.config.mode == "polling":
             token = channel.config.token.get_secret_value() if channel.config.token else ""
-            name = "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:12]
-            polling = asyncio.Event()
+            channel.poll_gate = _gate(worker, connection_lease("telegram", token))
+        if channel.name == "discord":
+            from channels.discord import DiscordChannel  # discord.py only where it is used
 
-            async def start(polling: asyncio.Event = polling) -> None:
-                polling.set()
-
-            worker.leaders[name] = start
-            channel.poll_gate = polling.wait
+            if isinstance(channel, DiscordChannel):
+                token = channel.config.token.get_secret_value() if channel.config.token else ""
+                channel.connect_gate = _gate(worker, connection_lease("discord", token))
     return worker
+
+
+def _gate(worker: ClusterWorker, name: str) -> Callable[[], Awaitable[object]]:
+    """What a channel awaits before it opens the connection only the lease's holder opens:
+    released when this process takes the leader lease ``name``."""
+    held = asyncio.Event()
+
+    async def start() -> None:
+        held.set()
+
+    worker.leaders[name] = start
+    return held.wait

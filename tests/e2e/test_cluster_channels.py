@@ -1,0 +1,192 @@
+"""Chat platform connections on several gateway processes (issue 19): one Discord gateway
+websocket per bot token (a leader lease; the others send over REST on standby and take the
+connection over), Telegram's webhook served by every process (a retried update stored and
+answered once), and health / ``parley status`` naming who holds which connection.
+
+Two ``Gateway`` objects in this test process share one PostgreSQL database and one fake
+platform; the kill of a real process is in ``test_discord_connection_is_taken_over_after_a_
+kill``. Nothing is decided by the clock: the tests wait for what the fakes saw.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.app import Gateway
+from gateway.kernel.events import OutboundMessage
+from tests.conftest import MakeConfig
+from tests.e2e.test_cluster import Processes, _config, _wait_outbox_delivered
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.openai_server import ScriptedLLM
+
+ADA_ID = 310000000000001001
+
+
+def _discord(dc: FakeDiscord) -> dict[str, Any]:
+    return {"enabled": True, "token": dc.token, "api_base": dc.api_base,
+            "typing_interval": "0.1s", "connect_timeout": "10s", "allow_from": [str(ADA_ID)]}
+
+
+def _gateways(make_config: MakeConfig, postgres_url: str, tmp_path: Path,
+              channels: list[dict[str, Any]]) -> list[Gateway]:
+    return [Gateway(make_config(database=postgres_url, cluster={"lease": "5s"},
+                                data_dir=str(tmp_path / f"data{n}"),
+                                channels={"local": {"enabled": False}, **extra,
+                                          "delivery": {"backoff": "0.1s"}}), grace=2.0)
+            for n, extra in enumerate(channels)]
+
+
+def _holders(health: dict[str, Any], prefix: str) -> list[str]:
+    """The processes health says hold a connection whose lease starts with ``prefix``."""
+    return [p["id"] for p in health["cluster"]["processes"]
+            if any(lead.startswith(prefix) for lead in p["leads"])]
+
+
+async def test_one_process_holds_the_discord_gateway_and_another_takes_it_over(
+        make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path,
+        dc: FakeDiscord) -> None:
+    """Two gateways with the same bot: exactly one gateway websocket session at any time (the
+    fake counts the sessions open at once), the other sends over REST; a message is answered
+    once; the holder stops and the other connects, reads back and answers."""
+    llm.echo()
+    ada = dc.user(ADA_ID, "ada", global_name="Ada")
+    dm = dc.dm_channel(ada)
+    gateways = _gateways(make_config, postgres_url, tmp_path, [{"discord": _discord(dc)}] * 2)
+    for gw in gateways:
+        await gw.start()
+    try:
+        await dc.wait_for(lambda: dc.connected)
+        channels = [gw.manager.channels["discord"] for gw in gateways]
+        standby = [gw for gw, ch in zip(gateways, channels, strict=True)
+                   if ch.status().detail["standby"]]
+        assert len(standby) == 1  # the other holds the connection
+        holder = next(gw for gw in gateways if gw is not standby[0])
+        other = standby[0]
+        status = other.manager.channels["discord"].status()
+        assert status.state == "connected" and "standby" in (status.reason or "")
+
+        dc.post(dm, ada, "one")
+        [first] = await dc.wait_sent(dm["id"], 1)
+        assert first.content == "echo: one"
+        # the standby process sends over REST (no websocket of its own)
+        sent = await other.manager.channels["discord"].send(OutboundMessage(
+            channel="discord", chat_id=dm["id"], text="from standby"))
+        assert sent.ok
+        worker = holder.cluster_worker
+        assert worker is not None
+        await worker._look()  # what each renewal reads (not waited for here)
+        health = holder.health()
+        assert _holders(health, "discord:") == [worker.me]
+        assert dc.token not in str(health)  # the lease is named by a hash of the token
+        assert health["cluster"]["connections"][_lease_of(health, "discord:")] == worker.me
+
+        await holder.stop()  # closes its websocket, then hands the lease back
+        dc.post(dm, ada, "two")  # said while the connection changes hands: read back
+        texts = [s.content for s in await dc.wait_sent(dm["id"], 3, timeout=30)]
+        assert texts == ["echo: one", "from standby", "echo: two"]
+        await dc.wait_for(lambda: dc.connected)
+        assert not other.manager.channels["discord"].status().detail["standby"]
+        assert dc.most_sessions == 1  # never two gateway sessions of the bot at once
+    finally:
+        for gw in gateways:
+            await gw.stop()
+    assert [s.content for s in dc.sent_to(dm["id"])] == \
+        ["echo: one", "from standby", "echo: two"]
+
+
+def _lease_of(health: dict[str, Any], prefix: str) -> str:
+    return next(name for name in health["cluster"]["connections"] if name.startswith(prefix))
+
+
+@pytest.mark.timeout(180)
+async def test_discord_connection_is_taken_over_after_a_kill(
+        tmp_path: Path, llm: ScriptedLLM, postgres_url: str, dc: FakeDiscord) -> None:
+    """Two real ``parley gateway`` processes: the one holding the websocket is killed with
+    SIGKILL; the other connects once its lease ran out and answers what was said since."""
+    llm.echo()
+    ada = dc.user(ADA_ID, "ada", global_name="Ada")
+    dm = dc.dm_channel(ada)
+    gateways = Processes()
+    procs, bases = gateways.procs, gateways.bases
+    try:
+        for n in range(2):
+            await gateways.start(_config(tmp_path, llm, postgres_url, f"gw{n}",
+                                         channels={"discord": _discord(dc)}))
+        await dc.wait_for(lambda: dc.connected, timeout=30)
+        dc.post(dm, ada, "one")
+        await dc.wait_sent(dm["id"], 1, timeout=30)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{bases[0]}/v1/health") as resp:
+                health = await resp.json()
+        [holder_id] = _holders(health, "discord:")
+        leader = next(i for i, p in enumerate(procs) if f":{p.pid}:" in holder_id)
+        await _wait_outbox_delivered(postgres_url, 1)  # else it is sent again (at least once)
+        procs[leader].send_signal(signal.SIGKILL)
+        await procs[leader].wait()
+        await dc.wait_for(lambda: not dc.connected, timeout=30)
+        dc.post(dm, ada, "two")  # nobody connected: read back by the next holder
+        sent = await dc.wait_sent(dm["id"], 2, timeout=60)
+        assert [s.content for s in sent] == ["echo: one", "echo: two"]
+        assert dc.most_sessions == 1
+    finally:
+        await gateways.stop()
+    assert [s.content for s in dc.sent_to(dm["id"])] == ["echo: one", "echo: two"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_telegram_webhook_update_delivered_to_two_processes_is_answered_once(
+        make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path) -> None:
+    """``mode: webhook`` on two processes behind one address: Telegram delivers to one, its
+    retry of the same update lands on the other; stored once (the update's message is already
+    in the inbox), answered once, and the next update to either is answered in order."""
+    from tests.fakes.telegram_server import FakeTelegram
+
+    llm.echo()
+    ports = [_free_port(), _free_port()]
+    async with FakeTelegram() as tg:
+        ada = tg.user(1001, "Ada", username="ada")
+        url = f"http://127.0.0.1:{ports[0]}/tg"  # the load balancer's address: process 0
+        telegram = [{"telegram": {
+            "enabled": True, "token": tg.token, "base_url": tg.base_url,
+            "base_file_url": tg.base_file_url, "mode": "webhook", "webhook_url": url,
+            "webhook_secret": "s3cret_value", "webhook_port": port,
+            "allow_from": [str(ada["id"])]}} for port in ports]
+        gateways = _gateways(make_config, postgres_url, tmp_path, telegram)
+        for gw in gateways:
+            await gw.start()
+        try:
+            tg.dm(ada, "one")
+            update = dict(tg.updates[-1])  # queued; the fake delivers it to process 0
+            [first] = await tg.wait_sent(ada["id"], 1, timeout=30)
+            assert first.text == "echo: one"
+            headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret_value"}
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"http://127.0.0.1:{ports[1]}/tg", json=update,
+                                     headers=headers) as resp:
+                    assert resp.status == 200  # taken (a repeat): Telegram stops retrying
+                tg.dm(ada, "two")
+                again = dict(tg.updates[-1])
+                async with http.post(f"http://127.0.0.1:{ports[1]}/tg", json=again,
+                                     headers=headers) as resp:
+                    assert resp.status == 200
+            # "two" came after the repeat, in the same chat: had the repeat been stored, its
+            # answer would come first
+            sent = await tg.wait_sent(ada["id"], 2, timeout=30)
+            assert [s.text for s in sent] == ["echo: one", "echo: two"]
+            assert not any(m == "getUpdates" for m, _ in tg.calls)
+            assert sum(gw.bus.duplicates for gw in gateways) >= 1
+        finally:
+            for gw in gateways:
+                await gw.stop()
+        assert [s.text for s in tg.sent if s.chat_id == ada["id"]] == ["echo: one", "echo: two"]
