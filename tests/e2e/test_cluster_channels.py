@@ -190,3 +190,35 @@ async def test_a_telegram_webhook_update_delivered_to_two_processes_is_answered_
             for gw in gateways:
                 await gw.stop()
         assert [s.text for s in tg.sent if s.chat_id == ada["id"]] == ["echo: one", "echo: two"]
+
+
+@pytest.mark.timeout(180)
+async def test_status_shows_which_process_holds_which_connection(
+        tmp_path: Path, llm: ScriptedLLM, postgres_url: str, dc: FakeDiscord) -> None:
+    """``parley status`` (through a process's local channel): every process, and who holds
+    the Discord bot's gateway connection and the schedules (named by a hash, not the token)."""
+    from gateway.cluster import connection_lease
+    from tests.e2e.test_cli import parley
+
+    gateways = Processes()
+    configs = [_config(tmp_path, llm, postgres_url, f"gw{n}", channels={
+        "local": {"port": _free_port()}, "discord": _discord(dc)}) for n in range(2)]
+    try:
+        for path in configs:
+            await gateways.start(path)
+        await dc.wait_for(lambda: dc.connected, timeout=30)
+        code, out, err = await parley("status", "--config", str(configs[1]))
+    finally:
+        await gateways.stop()
+    assert code == 0, err
+    first, second = (f":{p.pid}:" for p in gateways.procs)
+    lines = out.splitlines()
+    assert any(line.startswith("cluster:  2 process(es); this one") and second in line
+               for line in lines), out
+    held = {line.split(" is held by ")[0].strip(): line.split(" is held by ")[1]
+            for line in lines if " is held by " in line}
+    assert set(held) == {connection_lease("discord", dc.token), "schedules"}, out
+    assert all(first in holder for holder in held.values())  # started first: took both
+    assert dc.token not in out
+    [mine] = [line for line in lines if "(this one)" in line]
+    assert second in mine and "holds no connection" in mine
