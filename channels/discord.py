@@ -18,13 +18,12 @@ reconnects (a RESUME replays what was missed). A login answer discord.py cannot 
 start with one line, like a refused token; the gateway keeps running and starts the channel
 again later. On several processes (``gateway/cluster.py``) one holds the gateway connection
 (the bot token's leader lease: ``connect_gate``); the others log in over REST only and send
-(standby), and the one that takes the lease over reads back from the shared cursors.
+(standby), and the one that takes the lease over reads back from the shared cursors; one
+that may have lost the lease closes its websocket (``disconnect``) and waits again.
 
-API base. discord.py keeps its REST base (``Route.BASE``) and its gateway URL
-(``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are set
-in one place, ``_login()``, right before login (the gateway URL from that server's ``GET
-/gateway``), and restored on stop. Two Discord channels with different ``api_base`` in one
-process are therefore not supported.
+API base. discord.py's REST base and gateway URL are class attributes, global to the process:
+set in ``_login()`` (the gateway URL from that server's ``GET /gateway``), restored when the
+last channel pointing there stops. Two different ``api_base`` in one process: not supported.
 
 Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
 the message and one owned worker (``discord_reader``) converts messages in arrival order
@@ -154,10 +153,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._ready = asyncio.Event()
         self._settled = asyncio.Event()
         """Set once there is news for ``start()``: connected, refused, or Discord unreachable."""
-        self._running = False
-        self._stopped = False
-        self._pointed = False
-        self._connected = False
+        self._running = self._stopped = self._pointed = self._connected = False
         self._sessions = 0
         self.fatal: str | None = None
         self.last_event: datetime | None = None
@@ -167,10 +163,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._echoed: OrderedDict[int, None] = OrderedDict()
         """Ids of our own messages the gateway dispatched back (recent ones)."""
         self._last_restart = clock()
-        self.disconnects = 0
-        self.resumes = 0
-        self.catch_ups = 0
-        self.watchdog_restarts = 0
+        self.disconnects = self.resumes = self.catch_ups = self.watchdog_restarts = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -217,22 +210,32 @@ class DiscordChannel(StateWatch, ChannelBase):
             return
         self._stopped = True
         self._running = False
-        if self._runner is not None:  # first, so that it makes no new client meanwhile
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
-            self._runner = None
-        client, self._client = self._client, None
-        if client is not None:
-            await close_client(client)
+        await self._close_connection()
         await self._tasks.cancel_all()
         self._typing.clear()
-        self._logged_in = False
-        self._connected = False
         if self._pointed:
             let_go_of_library(self)
             self._pointed = False
         self._filter.cover("discord", on=False)
         await self._notify()
+
+    async def _close_connection(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:  # first, so that it makes no new client meanwhile
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            await close_client(client)
+        self._logged_in = self._connected = False
+
+    async def disconnect(self) -> None:
+        """Back to standby: this process may have lost the connection's lease (the cluster)."""
+        if self._running and not self.standby:
+            _log.warning("discord: closing the gateway connection (its lease may be lost)")
+            await self._close_connection()
+            self._runner = self._tasks.spawn(self._run(), "discord-gateway")
+            await self._notify()
 
     def _live_client(self) -> discord.Client | None:
         client = self._client

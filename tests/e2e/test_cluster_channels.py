@@ -100,6 +100,42 @@ async def test_one_process_holds_the_discord_gateway_and_another_takes_it_over(
         ["echo: one", "from standby", "echo: two"]
 
 
+async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_first(
+        make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path,
+        dc: FakeDiscord) -> None:
+    """The holder's renewals hang (its process row locked): it closes its websocket before
+    the other may take the connection over, so there is never a second session; the other
+    connects and answers. When its renewals work again the first stays on standby."""
+    import psycopg
+
+    llm.echo()
+    ada = dc.user(ADA_ID, "ada", global_name="Ada")
+    dm = dc.dm_channel(ada)
+    gateways = _gateways(make_config, postgres_url, tmp_path, [{"discord": _discord(dc)}] * 2)
+    for gw in gateways:
+        await gw.start()
+    try:
+        await dc.wait_for(lambda: dc.connected)
+        holder, other = gateways
+        worker = holder.cluster_worker
+        assert worker is not None and not holder.manager.channels["discord"].standby
+        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+            await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE",
+                             (worker.me,))  # held until this transaction ends
+            await dc.wait_for(lambda: not other.manager.channels["discord"].standby
+                              and dc.connected, timeout=30)
+            assert holder.manager.channels["discord"].standby
+            dc.post(dm, ada, "one")
+            [first] = await dc.wait_sent(dm["id"], 1, timeout=30)
+            assert first.content == "echo: one"
+        assert dc.most_sessions == 1
+        assert len(dc.identifies) == 2  # the first holder's session, then the other's
+    finally:
+        for gw in gateways:
+            await gw.stop()
+    assert [s.content for s in dc.sent_to(dm["id"])] == ["echo: one"]
+
+
 def _lease_of(health: dict[str, Any], prefix: str) -> str:
     return next(name for name in health["cluster"]["connections"] if name.startswith(prefix))
 
@@ -222,3 +258,43 @@ async def test_status_shows_which_process_holds_which_connection(
     assert dc.token not in out
     [mine] = [line for line in lines if "(this one)" in line]
     assert second in mine and "holds no connection" in mine
+
+
+async def test_a_telegram_poller_whose_lease_renewals_hang_stops_polling_first(
+        make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path) -> None:
+    """As for Discord: the poller whose renewals hang stops polling before the other may take
+    the bot over (the fake Bot API answers a second concurrent getUpdates with 409: none)."""
+    import psycopg
+
+    from tests.fakes.telegram_server import FakeTelegram
+
+    llm.echo()
+    async with FakeTelegram() as tg:
+        ada = tg.user(1001, "Ada", username="ada")
+        telegram = {"telegram": {
+            "enabled": True, "token": tg.token, "base_url": tg.base_url,
+            "base_file_url": tg.base_file_url, "poll_timeout": "1s", "watchdog": "10s",
+            "allow_from": [str(ada["id"])]}}
+        gateways = _gateways(make_config, postgres_url, tmp_path, [telegram] * 2)
+        for gw in gateways:
+            await gw.start()
+        holder, other = gateways
+        try:
+            channels = [gw.manager.channels["telegram"] for gw in gateways]
+            await tg.wait_for(lambda: tg.completed_polls > 0, timeout=30)
+            assert not channels[0].standby and channels[1].standby
+            worker = holder.cluster_worker
+            assert worker is not None
+            async with await psycopg.AsyncConnection.connect(postgres_url) as db:
+                await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE",
+                                 (worker.me,))  # held until this transaction ends
+                await channels[1].wait_until(lambda c: not c.standby, timeout=30)
+                assert channels[0].standby
+                tg.dm(ada, "one")
+                [first] = await tg.wait_sent(ada["id"], 1, timeout=30)
+                assert first.text == "echo: one"
+            assert tg.conflicts == 0
+        finally:
+            for gw in gateways:
+                await gw.stop()
+        assert [s.text for s in tg.sent if s.chat_id == ada["id"]] == ["echo: one"]
