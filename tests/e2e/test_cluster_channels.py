@@ -42,6 +42,18 @@ def _gateways(make_config: MakeConfig, postgres_url: str, tmp_path: Path,
             for n, extra in enumerate(channels)]
 
 
+async def _two_discord_gateways(make_config: MakeConfig, postgres_url: str, tmp_path: Path,
+                                dc: FakeDiscord) -> tuple[Any, Any, list[Gateway]]:
+    """Ada, her DM channel, and two started gateways with the same bot, one connected."""
+    ada = dc.user(ADA_ID, "ada", global_name="Ada")
+    dm = dc.dm_channel(ada)
+    gateways = _gateways(make_config, postgres_url, tmp_path, [{"discord": _discord(dc)}] * 2)
+    for gw in gateways:
+        await gw.start()
+    await dc.wait_for(lambda: dc.connected)
+    return ada, dm, gateways
+
+
 def _holders(health: dict[str, Any], prefix: str) -> list[str]:
     """The processes health says hold a connection whose lease starts with ``prefix``."""
     return [p["id"] for p in health["cluster"]["processes"]
@@ -55,13 +67,8 @@ async def test_one_process_holds_the_discord_gateway_and_another_takes_it_over(
     fake counts the sessions open at once), the other sends over REST; a message is answered
     once; the holder stops and the other connects, reads back and answers."""
     llm.echo()
-    ada = dc.user(ADA_ID, "ada", global_name="Ada")
-    dm = dc.dm_channel(ada)
-    gateways = _gateways(make_config, postgres_url, tmp_path, [{"discord": _discord(dc)}] * 2)
-    for gw in gateways:
-        await gw.start()
+    ada, dm, gateways = await _two_discord_gateways(make_config, postgres_url, tmp_path, dc)
     try:
-        await dc.wait_for(lambda: dc.connected)
         channels = [gw.manager.channels["discord"] for gw in gateways]
         standby = [gw for gw, ch in zip(gateways, channels, strict=True)
                    if ch.status().detail["standby"]]
@@ -105,17 +112,12 @@ async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_f
         dc: FakeDiscord) -> None:
     """The holder's renewals hang (its process row locked): it closes its websocket before
     the other may take the connection over, so there is never a second session; the other
-    connects and answers. When its renewals work again the first stays on standby."""
+    connects and answers."""
     import psycopg
 
     llm.echo()
-    ada = dc.user(ADA_ID, "ada", global_name="Ada")
-    dm = dc.dm_channel(ada)
-    gateways = _gateways(make_config, postgres_url, tmp_path, [{"discord": _discord(dc)}] * 2)
-    for gw in gateways:
-        await gw.start()
+    ada, dm, gateways = await _two_discord_gateways(make_config, postgres_url, tmp_path, dc)
     try:
-        await dc.wait_for(lambda: dc.connected)
         holder, other = gateways
         worker = holder.cluster_worker
         assert worker is not None and not holder.manager.channels["discord"].standby
