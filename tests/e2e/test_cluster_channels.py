@@ -22,6 +22,7 @@ from gateway.app import Gateway
 from gateway.kernel.events import OutboundMessage
 from tests.conftest import MakeConfig
 from tests.e2e.test_cluster import Processes, _config, _wait_outbox_delivered
+from tests.e2e.waiting import until
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -110,9 +111,9 @@ async def test_one_process_holds_the_discord_gateway_and_another_takes_it_over(
 async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_first(
         make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path,
         dc: FakeDiscord) -> None:
-    """The holder's renewals hang (its process row locked): it closes its websocket before
-    the other may take the connection over, so there is never a second session; the other
-    connects and answers."""
+    """The holder's renewals hang (its process row locked): it closes its websocket (and
+    stops the schedules) before the other may take the connection over, so there is never a
+    second session; the other connects and answers."""
     import psycopg
 
     llm.echo()
@@ -127,6 +128,8 @@ async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_f
             await dc.wait_for(lambda: not other.manager.channels["discord"].standby
                               and dc.connected, timeout=30)
             assert holder.manager.channels["discord"].standby
+            assert holder.retention is None  # its schedules given up too
+            await until(lambda: other.retention is not None, "the other to run the schedules")
             dc.post(dm, ada, "one")
             [first] = await dc.wait_sent(dm["id"], 1, timeout=30)
             assert first.content == "echo: one"
