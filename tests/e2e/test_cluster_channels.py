@@ -134,7 +134,6 @@ async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_f
             [first] = await dc.wait_sent(dm["id"], 1, timeout=30)
             assert first.content == "echo: one"
         assert dc.most_sessions == 1
-        assert len(dc.identifies) == 2  # the first holder's session, then the other's
     finally:
         for gw in gateways:
             await gw.stop()
