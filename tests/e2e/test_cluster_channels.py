@@ -25,6 +25,7 @@ from tests.e2e.test_cluster import Processes, _config, _wait_outbox_delivered
 from tests.e2e.waiting import until
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import ScriptedLLM
+from tests.fakes.postgres import renewals_held
 
 ADA_ID = 310000000000001001
 
@@ -114,17 +115,13 @@ async def test_a_discord_holder_whose_lease_renewals_hang_closes_its_websocket_f
     """The holder's renewals hang (its process row locked): it closes its websocket (and
     stops the schedules) before the other may take the connection over, so there is never a
     second session; the other connects and answers."""
-    import psycopg
-
     llm.echo()
     ada, dm, gateways = await _two_discord_gateways(make_config, postgres_url, tmp_path, dc)
     try:
         holder, other = gateways
         worker = holder.cluster_worker
         assert worker is not None and not holder.manager.channels["discord"].standby
-        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
-            await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE",
-                             (worker.me,))  # held until this transaction ends
+        async with renewals_held(postgres_url, worker.me):
             await dc.wait_for(lambda: not other.manager.channels["discord"].standby
                               and dc.connected, timeout=30)
             assert holder.manager.channels["discord"].standby
@@ -268,8 +265,6 @@ async def test_a_telegram_poller_whose_lease_renewals_hang_stops_polling_first(
         make_config: MakeConfig, llm: ScriptedLLM, postgres_url: str, tmp_path: Path) -> None:
     """As for Discord: the poller whose renewals hang stops polling before the other may take
     the bot over (the fake Bot API answers a second concurrent getUpdates with 409: none)."""
-    import psycopg
-
     from tests.fakes.telegram_server import FakeTelegram
 
     llm.echo()
@@ -289,9 +284,7 @@ async def test_a_telegram_poller_whose_lease_renewals_hang_stops_polling_first(
             assert not channels[0].standby and channels[1].standby
             worker = holder.cluster_worker
             assert worker is not None
-            async with await psycopg.AsyncConnection.connect(postgres_url) as db:
-                await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE",
-                                 (worker.me,))  # held until this transaction ends
+            async with renewals_held(postgres_url, worker.me):
                 await channels[1].wait_until(lambda c: not c.standby, timeout=30)
                 assert channels[0].standby
                 tg.dm(ada, "one")

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import psycopg
 
-from tests.fakes.postgres import PostgresCluster
+from tests.fakes.postgres import PostgresCluster, renewals_held
 
 
 def test_each_test_gets_its_own_empty_database(postgres_url: str,
@@ -150,9 +150,7 @@ async def test_a_leader_whose_renewals_hang_gives_up_before_another_takes_over(
         await a.start()
         await b.start()
         assert events == ["a leads"]
-        async with await psycopg.AsyncConnection.connect(postgres_url) as db:
-            await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE",
-                             (a.me,))  # held until this transaction ends
+        async with renewals_held(postgres_url, a.me):
             await until(lambda: "b leads" in events, "b to take the lease over", timeout=30)
             assert events == ["a leads", "a gives up", "b leads"]
             assert "x" not in a.leading
