@@ -67,8 +67,9 @@ class ClusterWorker:
         return self.cluster.me
 
     async def start(self) -> None:
+        asked = asyncio.get_running_loop().time()
         await self.cluster.join()
-        self._renewed_at = asyncio.get_running_loop().time()
+        self._renewed_at = asked
         await self.cluster.listen()
         self.taking_work = True
         await self._round()  # what the last run (or a dead process) left, first
@@ -209,8 +210,9 @@ class ClusterWorker:
     async def _renewals(self) -> None:
         while True:
             await asyncio.sleep(self.cluster.lease / 3)  # the lease's heartbeat, not a poll
+            asked = asyncio.get_running_loop().time()  # the lease runs from before the ask
             if await self.cluster.renew():
-                self._renewed_at = asyncio.get_running_loop().time()
+                self._renewed_at = asked
                 self._renewed.set()
                 try:
                     await self._look()
