@@ -16,13 +16,14 @@ own messages back to it, so a message sent over REST whose echo does not arrive 
 ``watchdog`` (``common.Liveness.expect_echo``) marks the channel degraded and the watchdog
 reconnects (a RESUME replays what was missed). A login answer discord.py cannot read fails the
 start with one line, like a refused token; the gateway keeps running and starts the channel
-again later.
+again later. On several processes (``gateway/cluster.py``) one holds the gateway connection
+(the bot token's leader lease: ``connect_gate``); the others log in over REST only and send
+(standby), and the one that takes the lease over reads back from the shared cursors; one
+that may have lost the lease closes its websocket (``disconnect``) and waits again.
 
-API base. discord.py keeps its REST base (``Route.BASE``) and its gateway URL
-(``DiscordWebSocket.DEFAULT_GATEWAY``) in class attributes, global to the process. They are set
-in one place, ``_login()``, right before login (the gateway URL from that server's ``GET
-/gateway``), and restored on stop. Two Discord channels with different ``api_base`` in one
-process are therefore not supported.
+API base. discord.py's REST base and gateway URL are class attributes, global to the process:
+set in ``_login()`` (the gateway URL from that server's ``GET /gateway``), restored when the
+last channel pointing there stops. Two different ``api_base`` in one process: not supported.
 
 Input. discord.py runs every event handler in a task of its own, so ``on_message`` only queues
 the message and one owned worker (``discord_reader``) converts messages in arrival order
@@ -40,7 +41,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +55,6 @@ from channels.discord_convert import (
     TEXT_LIMIT,
     WORDING,
     access_rules,
-    allowed_mentions,
     discord,
 )
 from channels.discord_cursors import Cursors
@@ -64,8 +64,9 @@ from channels.discord_library import (
     PORTAL_SWITCH,
     Client,
     Route,
-    gateway_intents,
+    close_client,
     heartbeat_ack_age,
+    let_go_of_library,
     point_library_at,
 )
 from channels.discord_live import DiscordLive
@@ -136,6 +137,11 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._reader = Reader(self._inbound, client=self._live_client, on_handled=self._notify,
                               cursors=Cursors(store))
         self._read_back_at_start = False
+        self.connect_gate: Callable[[], Awaitable[object]] | None = None
+        """Several processes (``gateway/cluster.py``): awaited before the gateway websocket
+        opens, released once this process holds the bot token's leader lease; until then it
+        only sends, over REST (standby)."""
+        self.standby = False
         self._tasks = TaskSet()
         self.react = Reactions(NAME, self._tasks,  # type: ignore[method-assign]
                                self.live.reaction).react
@@ -147,10 +153,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._ready = asyncio.Event()
         self._settled = asyncio.Event()
         """Set once there is news for ``start()``: connected, refused, or Discord unreachable."""
-        self._running = False
-        self._stopped = False
-        self._pointed = False
-        self._connected = False
+        self._running = self._stopped = self._pointed = self._connected = False
         self._sessions = 0
         self.fatal: str | None = None
         self.last_event: datetime | None = None
@@ -160,10 +163,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         self._echoed: OrderedDict[int, None] = OrderedDict()
         """Ids of our own messages the gateway dispatched back (recent ones)."""
         self._last_restart = clock()
-        self.disconnects = 0
-        self.resumes = 0
-        self.catch_ups = 0
-        self.watchdog_restarts = 0
+        self.disconnects = self.resumes = self.catch_ups = self.watchdog_restarts = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -196,7 +196,10 @@ class DiscordChannel(StateWatch, ChannelBase):
             error = self.fatal
             await self.stop()
             raise DiscordChannelError(error)
-        if not self._ready.is_set():
+        if self.standby:
+            _log.info("discord channel started as %s, on standby (another process holds the "
+                      "gateway connection; this one sends)", self._bot_name())
+        elif not self._ready.is_set():
             _log.warning("discord: not connected yet; still trying (status shows it)")
         else:
             _log.info("discord channel started as %s", self._bot_name())
@@ -207,43 +210,32 @@ class DiscordChannel(StateWatch, ChannelBase):
             return
         self._stopped = True
         self._running = False
-        if self._runner is not None:  # first, so that it makes no new client meanwhile
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
-            self._runner = None
-        client, self._client = self._client, None
-        if client is not None:
-            await self._close_client(client)
+        await self._close_connection()
         await self._tasks.cancel_all()
         self._typing.clear()
-        self._logged_in = False
-        self._connected = False
         if self._pointed:
-            point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
+            let_go_of_library(self)
             self._pointed = False
         self._filter.cover("discord", on=False)
         await self._notify()
 
-    async def _close_client(self, client: Client) -> None:
-        try:
-            async with asyncio.timeout(10.0):
-                await client.close()
-        except Exception:
-            _log.exception("discord: client did not close cleanly")
-        # discord.py leaves its READY bookkeeping task (``_delay_ready``, waiting for more
-        # GUILD_CREATEs) pending when the client closes within seconds of connecting.
-        ready_task = getattr(client._connection, "_ready_task", None)
-        if isinstance(ready_task, asyncio.Task):
-            ready_task.cancel()
+    async def _close_connection(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:  # first, so that it makes no new client meanwhile
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            await close_client(client)
+        self._logged_in = self._connected = False
 
-    def _new_client(self) -> Client:
-        # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.
-        discord.VoiceClient.warn_nacl = False
-        discord.VoiceClient.warn_dave = False
-        return Client(self, intents=gateway_intents(), chunk_guilds_at_startup=False,
-                       allowed_mentions=allowed_mentions(
-                           allow_mentions=self.config.allow_mentions,
-                           reply_ping=self.config.reply_ping))
+    async def disconnect(self) -> None:
+        """Back to standby: this process may have lost the connection's lease (the cluster)."""
+        if self._running and not self.standby:
+            _log.warning("discord: closing the gateway connection (its lease may be lost)")
+            await self._close_connection()
+            self._runner = self._tasks.spawn(self._run(), "discord-gateway")
+            await self._notify()
 
     def _live_client(self) -> discord.Client | None:
         client = self._client
@@ -256,21 +248,22 @@ class DiscordChannel(StateWatch, ChannelBase):
     async def _login(self, client: Client) -> None:
         """Point discord.py at ``api_base`` (and that server's gateway), then log in."""
         base = self.config.api_base
-        point_library_at(base, DEFAULT_GATEWAY)
+        if Route.BASE != base:  # (another channel of this process may point there already)
+            point_library_at(base, DEFAULT_GATEWAY)
         self._pointed = base != DEFAULT_API_BASE
         await client.login(self._token)
         if self._pointed:
             data = await client.http.request(Route("GET", "/gateway"))
             if not isinstance(data, dict) or not isinstance(data.get("url"), str):
                 raise discord.GatewayNotFound()
-            point_library_at(base, yarl.URL(data["url"]))
+            point_library_at(base, yarl.URL(data["url"]), by=self)
 
     async def _run(self) -> None:
         """Log in (retrying while Discord is unreachable), then discord.py's connect loop."""
         backoff = Backoff()
         try:
             while True:
-                client = self._client = self._new_client()
+                client = self._client = Client.of(self, self.config)
                 try:
                     await self._login(client)
                     break
@@ -294,6 +287,8 @@ class DiscordChannel(StateWatch, ChannelBase):
                         f"Discord at {self.config.api_base} gave a malformed login answer "
                         f"({type(exc).__name__}: {exc})") from None
             self._logged_in = True
+            if self.connect_gate is not None:
+                await self._standby(self.connect_gate)
             await client.connect(reconnect=True)
         except discord.PrivilegedIntentsRequired:
             await self._fail(PORTAL_SWITCH)
@@ -307,6 +302,17 @@ class DiscordChannel(StateWatch, ChannelBase):
         except Exception as exc:
             await self._fail(f"the gateway connection failed: {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
+    async def _standby(self, gate: Callable[[], Awaitable[object]]) -> None:
+        """Send only until this process holds the connection; then read back from where the
+        last holder stopped (the cursors are in the shared store), as after a restart."""
+        self.standby = True
+        self._settled.set()
+        await self._notify()
+        await gate()
+        self.standby = False
+        self._read_back_at_start = await self._reader.restore()
+        _log.info("discord: this process holds the gateway connection now")
 
     async def _fail(self, error: str) -> None:
         self.fatal = error
@@ -388,7 +394,9 @@ class DiscordChannel(StateWatch, ChannelBase):
         client = self._client
         age = heartbeat_ack_age(client) if client is not None and self._connected else None
         state, reason = self._live.state(self._running)
-        if state != "down" and not self._connected:
+        if self.standby and self._running:
+            state, reason = "connected", "standby: another process holds the gateway connection"
+        elif state != "down" and not self._connected:
             state, reason = "down", "the gateway is not connected"
         elif state == "connected" and age is not None and age > self.config.watchdog:
             state, reason = "degraded", f"no heartbeat acknowledged for {age:.0f}s"
@@ -397,6 +405,7 @@ class DiscordChannel(StateWatch, ChannelBase):
         latency = client.latency if client is not None and self._connected else math.inf
         detail: dict[str, object] = {
             "bot": self._bot_name(), "connected": self._running and self._connected,
+            "standby": self.standby,
             "degraded": self._running and state != "connected",
             "latency_ms": round(latency * 1000) if math.isfinite(latency) else None,
             "last_heartbeat_ack_s": round(age, 1) if age is not None else None,

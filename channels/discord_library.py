@@ -6,12 +6,16 @@ wants handed over."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Protocol
 
 import yarl
 
-from channels.discord_convert import discord
+from channels.discord_convert import allowed_mentions, discord
+from gateway.kernel.config import DiscordChannelConfig
+
+_log = logging.getLogger("channels.discord")
 
 IDENTIFY_DELAY = 5.0
 """Seconds to wait before an IDENTIFY that is not the first (Discord allows one per 5 s)."""
@@ -36,10 +40,24 @@ def gateway_intents() -> discord.Intents:
     return intents
 
 
-def point_library_at(api_base: str, gateway: yarl.URL) -> None:
+_POINTING: set[object] = set()
+"""The channels the library points elsewhere for (``by``): the defaults come back when the
+last one lets go (two channels of one bot in one process: the several-process tests)."""
+
+
+def point_library_at(api_base: str, gateway: yarl.URL, *, by: object = None) -> None:
     """discord.py's REST base and gateway URL: class attributes, global to the process."""
     Route.BASE = api_base
     DiscordWebSocket.DEFAULT_GATEWAY = gateway
+    if by is not None:
+        _POINTING.add(by)
+
+
+def let_go_of_library(by: object) -> None:
+    """``by`` no longer needs the library pointed elsewhere: the defaults, once nobody does."""
+    _POINTING.discard(by)
+    if not _POINTING:
+        point_library_at(DEFAULT_API_BASE, DEFAULT_GATEWAY)
 
 
 def heartbeat_ack_age(client: discord.Client) -> float | None:
@@ -50,6 +68,20 @@ def heartbeat_ack_age(client: discord.Client) -> float | None:
     keep_alive = getattr(client.ws, "_keep_alive", None) if client.ws is not None else None
     last = getattr(keep_alive, "_last_ack", None)
     return time.perf_counter() - last if isinstance(last, float) else None
+
+
+async def close_client(client: discord.Client) -> None:
+    """Close the client (bounded), and what discord.py leaves behind when it closes early."""
+    try:
+        async with asyncio.timeout(10.0):
+            await client.close()
+    except Exception:
+        _log.exception("discord: client did not close cleanly")
+    # discord.py leaves its READY bookkeeping task (``_delay_ready``, waiting for more
+    # GUILD_CREATEs) pending when the client closes within seconds of connecting.
+    ready_task = getattr(client._connection, "_ready_task", None)
+    if isinstance(ready_task, asyncio.Task):
+        ready_task.cancel()
 
 
 class Owner(Protocol):
@@ -70,6 +102,16 @@ class Client(discord.Client):
     def __init__(self, owner: Owner, **options: Any) -> None:
         super().__init__(**options)
         self._owner = owner
+
+    @classmethod
+    def of(cls, owner: Owner, config: DiscordChannelConfig) -> Client:
+        """The channel's client: its intents, no guild chunking, the mentions it allows."""
+        # No voice here: skip discord.py's "PyNaCl / davey is not installed" warnings.
+        discord.VoiceClient.warn_nacl = False
+        discord.VoiceClient.warn_dave = False
+        return cls(owner, intents=gateway_intents(), chunk_guilds_at_startup=False,
+                   allowed_mentions=allowed_mentions(allow_mentions=config.allow_mentions,
+                                                     reply_ping=config.reply_ping))
 
     async def before_identify_hook(self, shard_id: int | None, *,
                                    initial: bool = False) -> None:

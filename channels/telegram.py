@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from telegram import Bot, BotCommand, Message, Update, User
 from telegram.constants import ChatAction
-from telegram.error import InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.error import RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus
@@ -57,8 +57,8 @@ from channels.telegram_convert import (
     WORDING,
     access_rules,
     incoming,
-    never_sent,
     retry_seconds,
+    start_error,
 )
 from channels.telegram_live import REACTIONS, TelegramLive
 from channels.telegram_outbound import Outbound
@@ -137,6 +137,7 @@ class TelegramChannel(StateWatch, ChannelBase):
                               show=self._show_typing, interval=config.typing_interval,
                               clock=clock)
         self._poller: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
         self.poll_gate: Callable[[], Awaitable[object]] | None = None
         """Several processes (gateway/cluster.py): polling waits for this, i.e. until this
         process holds the bot token's leader lease; until then it only sends (standby)."""
@@ -181,7 +182,8 @@ class TelegramChannel(StateWatch, ChannelBase):
             self._me = self._bot.bot
         except Exception as exc:
             await self._close_bot()
-            raise TelegramChannelError(self._start_error(exc)) from None
+            raise TelegramChannelError(start_error(exc, self.config.base_url,
+                                                  self._redact)) from None
         self._running = True
         self._last_restart = self._clock()
         self._tasks.spawn(optional("setMyCommands", self._set_commands, clean=self._redact,
@@ -203,19 +205,19 @@ class TelegramChannel(StateWatch, ChannelBase):
             self.standby = False
             _log.info("telegram: this process polls the bot now")
         self._poller = self._tasks.spawn(self._poll(), "telegram-poll")
-        self._tasks.spawn(self._watchdog(), "telegram-watchdog")
+        self._watching = self._tasks.spawn(self._watchdog(), "telegram-watchdog")
 
-    def _start_error(self, exc: Exception) -> str:
-        where = f"the Bot API at {self.config.base_url}"
-        if isinstance(exc, InvalidToken):
-            return (f"channels.telegram.token was refused by {where} (check the token "
-                    "@BotFather gave you)")
-        if isinstance(exc, NetworkError) and never_sent(exc):
-            return f"{where} is not reachable (getMe: {self._redact(exc.message)})"
-        if isinstance(exc, TelegramError):
-            return f"getMe failed at {where}: {self._redact(exc.message)}"
-        text = self._redact(str(exc)).splitlines()[0] if str(exc) else ""
-        return f"{where} gave a malformed getMe answer ({type(exc).__name__}: {text})"
+    async def stop_polling(self) -> None:
+        """Back to standby: this process may have lost the bot's polling lease (the cluster)."""
+        if self._running and self.poll_gate is not None and not self.standby:
+            _log.warning("telegram: no longer polling (its lease may be lost)")
+            for task in (self._watching, self._poller):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            self._poller = self._watching = None
+            self._offset = None  # the next holder confirms what was stored
+            self._tasks.spawn(self._gated_poll(), "telegram-poll-gate")
 
     async def _set_commands(self) -> None:
         await self._bot.set_my_commands(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mimetypes
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -364,3 +364,18 @@ def never_sent(exc: TelegramError) -> bool:
     answer leaves the outcome unknown."""
     return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout |
                       httpx.PoolTimeout)
+
+
+def start_error(exc: Exception, base_url: str, clean: Callable[[str], str]) -> str:
+    """The one line a failed start (getMe) says: a refused token, an unreachable API, an
+    error, or an answer PTB could not read (``clean`` hides the token)."""
+    where = f"the Bot API at {base_url}"
+    if isinstance(exc, InvalidToken):
+        return (f"channels.telegram.token was refused by {where} (check the token "
+                "@BotFather gave you)")
+    if isinstance(exc, NetworkError) and never_sent(exc):
+        return f"{where} is not reachable (getMe: {clean(exc.message)})"
+    if isinstance(exc, TelegramError):
+        return f"getMe failed at {where}: {clean(exc.message)}"
+    text = clean(str(exc)).splitlines()[0] if str(exc) else ""
+    return f"{where} gave a malformed getMe answer ({type(exc).__name__}: {text})"

@@ -146,6 +146,8 @@ class Gateway:
                 store, agent = self.store, self.agent
                 self.cluster_worker.leaders["schedules"] = \
                     lambda: self._start_schedules(store, agent)
+                # given up when this process may have lost the lease: never two runners
+                self.cluster_worker.yielders["schedules"] = self._give_up_schedules
                 await self.cluster_worker.try_lead()
             if self.provider.needs_litellm:
                 # litellm takes seconds to import: load it while the gateway already serves.
@@ -200,6 +202,15 @@ class Gateway:
         await self.inbox_cleanup.start()
         self.retention = Retention(config.retention, store)
         await self.retention.start()
+
+    async def _stop_schedules(self) -> None:
+        for schedule in (self.heartbeat, self.cron, self.inbox_cleanup, self.retention):
+            if schedule is not None:
+                await schedule.stop()
+
+    async def _give_up_schedules(self) -> None:
+        await self._stop_schedules()  # started anew when this process leads them again
+        self.heartbeat = self.cron = self.inbox_cleanup = self.retention = None
 
     async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:
         """MCP servers (their tools join the registry as they connect) and subagents."""
@@ -259,14 +270,14 @@ class Gateway:
             await self.subagents.stop()
         if self.mcp is not None:  # after the turns: a stdio server's process ends here
             await self.mcp.stop()
-        for schedule in (self.heartbeat, self.cron, self.inbox_cleanup, self.retention):
-            if schedule is not None:
-                await schedule.stop()
+        await self._stop_schedules()
         await self.manager.stop(within=max(self.grace, 0.5))
+        # the channels close their connections before the worker hands back its leases (a
+        # Discord websocket, a Telegram poller): the next holder never overlaps this one
+        await self.manager.stop_channels()
         if self.cluster_worker is not None:  # after the turns and deliveries it fed
             await self.cluster_worker.stop()
             self.cluster_worker = None
-        await self.manager.stop_channels()
         if self._warm_up is not None:  # a thread cannot be cancelled: let the import finish
             await asyncio.gather(self._warm_up, return_exceptions=True)
         try:

@@ -83,6 +83,7 @@ def status(config_path: ConfigOpt = None) -> None:
             say(f"  reason: {reason}")
         say(f"outbox:   {health.get('outbox_pending', 0)} pending, "
             f"{health.get('dead_letters', 0)} dead letter(s)")
+        _cluster_lines(health.get("cluster"))
         table = Table("channel", "state", "last inbound", "last send ok", "pending", "dead")
         for name, ch in (health.get("channels") or {}).items():
             state = str(ch.get("state", "?")) + (f" ({ch['reason']})" if ch.get("reason") else "")
@@ -114,6 +115,27 @@ def status(config_path: ConfigOpt = None) -> None:
             f"in {config.store_label}")
     if not health:  # scripts and service checks read the exit status
         raise typer.Exit(1)
+
+
+def _cluster_lines(cluster: dict[str, Any] | None) -> None:
+    """Several processes on PostgreSQL: each process, its lease, its share of the work and the
+    connections it holds (a platform connection's leader lease, the schedules)."""
+    if not cluster:
+        return
+    me = cluster.get("process")
+    taking = "taking work" if cluster.get("taking_work") else \
+        f"NOT taking work ({cluster.get('problem') or 'no lease'})"
+    members = cluster.get("processes") or []
+    say(f"cluster:  {len(members)} process(es); this one {me}, {taking}; "
+        f"{cluster.get('unclaimed', 0)} unclaimed message(s)")
+    for p in members:
+        holds = ", ".join(p.get("leads") or []) or "no connection"
+        say(f"  process {p.get('id')}{' (this one)' if p.get('me') else ''}: lease "
+            f"{p.get('lease_left')} s left, {p.get('chats', 0)} chat(s), "
+            f"{p.get('inbox_claimed', 0)} claimed, {p.get('outbox_pending', 0)} undelivered; "
+            f"holds {holds}")
+    for name, holder in sorted((cluster.get("connections") or {}).items()):
+        say(f"  {name} is held by {holder}")
 
 
 def _context_line(config: Config, health: dict[str, Any] | None) -> None:

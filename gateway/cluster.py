@@ -45,6 +45,11 @@ class ClusterWorker:
         """Work one process does at a time (the schedules): started here when this process
         takes the leader lease of its name, at start or when its holder died."""
         self.leading: set[str] = set()
+        self.yielders: dict[str, Callable[[], Awaitable[None]]] = {}
+        """What a leader does when this process may have lost its lease (no renewal for two
+        thirds of it): close its connection, before the others may take it over."""
+        self._renewed_at = 0.0
+        self._renewed = asyncio.Event()
         self._wake = asyncio.Event()
         self._waiting = False
         self.reply_watchers: dict[str, list[Callable[[str], Awaitable[None]]]] = {}
@@ -62,14 +67,17 @@ class ClusterWorker:
         return self.cluster.me
 
     async def start(self) -> None:
+        asked = asyncio.get_running_loop().time()
         await self.cluster.join()
+        self._renewed_at = asked
         await self.cluster.listen()
         self.taking_work = True
         await self._round()  # what the last run (or a dead process) left, first
         await self._look()
         self._claiming = [asyncio.create_task(self._listen(), name="cluster-listen"),
                           asyncio.create_task(self._claims(), name="cluster-claims"),
-                          asyncio.create_task(self._relay_replies(), name="cluster-replies")]
+                          asyncio.create_task(self._relay_replies(), name="cluster-replies"),
+                          asyncio.create_task(self._hold_leads(), name="cluster-leads")]
         self._renewing = asyncio.create_task(self._renewals(), name="cluster-lease")
 
     async def stop_claiming(self) -> None:
@@ -96,14 +104,57 @@ class ClusterWorker:
                 _log.warning("could not hand back this process's chats; the others take "
                              "them over when its lease runs out")
 
+    def _sure_alive(self) -> bool:
+        """Renewed within two thirds of a lease: the others cannot have given it up."""
+        left = self._renewed_at + self.cluster.lease * 2 / 3
+        return asyncio.get_running_loop().time() < left
+
     async def try_lead(self) -> None:
         for name, start in self.leaders.items():
-            if self._closing:
+            if self._closing or not self._sure_alive():
                 return
             if name not in self.leading and await self.cluster.lead(name):
                 self.leading.add(name)
                 _log.info("cluster: this process now runs %s", name)
                 await start()
+
+    async def _hold_leads(self) -> None:
+        """Gives up the leader leases that can be given up (``yielders``) once this process
+        has not renewed its own lease for two thirds of it (its renewals fail, or hang): the
+        others take them over a lease after the last renewal, and by then the connection is
+        closed here (one Discord websocket, one Telegram poller at any time). They are taken
+        again once a renewal works and they are still free."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._sure_alive():
+                left = self._renewed_at + self.cluster.lease * 2 / 3 - loop.time()
+                self._renewed.clear()
+                try:  # the deadline of this process's lease as it knows it, not a poll
+                    async with asyncio.timeout(left):
+                        await self._renewed.wait()
+                except TimeoutError:
+                    pass
+                continue
+            if not self.leading & self.yielders.keys():
+                self._renewed.clear()
+                await self._renewed.wait()
+                continue
+            await self.step_down()
+            self._renewed.clear()
+            await self._renewed.wait()
+            try:  # alive again: what is still free is this process's again (nothing else
+                await self.try_lead()  # may wake it: a lone process has no peers)
+            except Exception as exc:
+                _log.warning("cluster: taking the leader leases back failed: %s", exc)
+
+    async def step_down(self) -> None:
+        for name in sorted(self.leading & self.yielders.keys()):
+            self.leading.discard(name)
+            _log.warning("cluster: this process may have lost its lease; it gives up %s", name)
+            try:
+                await self.yielders[name]()
+            except Exception:
+                _log.exception("cluster: giving up %s failed", name)
 
     async def _round(self) -> None:
         await self.try_lead()
@@ -159,7 +210,10 @@ class ClusterWorker:
     async def _renewals(self) -> None:
         while True:
             await asyncio.sleep(self.cluster.lease / 3)  # the lease's heartbeat, not a poll
+            asked = asyncio.get_running_loop().time()  # the lease runs from before the ask
             if await self.cluster.renew():
+                self._renewed_at = asked
+                self._renewed.set()
                 try:
                     await self._look()
                 except Exception:
@@ -187,21 +241,36 @@ class ClusterWorker:
         self.members = await self.cluster.members()
         self.unclaimed = await self.cluster.unclaimed()
 
+    def connections(self) -> dict[str, str]:
+        """Which process holds each leader lease (a platform connection, ``telegram:<hash>``
+        or ``discord:<hash>`` of its bot token; ``schedules``), as of the last renewal."""
+        return {lead: m["id"] for m in self.members for lead in m["leads"]}
+
     def health(self) -> dict[str, Any]:
         """This process and the others as of the last renewal (no I/O: health is cheap)."""
         out: dict[str, Any] = {"process": self.me, "taking_work": self.taking_work,
                                "claimed": self.claimed, "unclaimed": self.unclaimed,
                                "lease_seconds": self.cluster.lease,
-                               "processes": self.members}
+                               "processes": self.members,
+                               "connections": self.connections()}
         if self.problem:
             out["problem"] = self.problem
         return out
 
 
+def connection_lease(platform: str, token: str) -> str:
+    """The leader lease's name for one platform connection of a bot token: the platform and
+    a hash of the token (never the token: the name shows in health and the database)."""
+    return f"{platform}:{hashlib.sha256(token.encode()).hexdigest()[:12]}"
+
+
 def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, lease: float,
                    channels: list[str]) -> ClusterWorker:
     """The worker for this process, with a leader lease per connection only one process may
-    hold: a Telegram bot token's getUpdates poller (the others only send, on standby)."""
+    hold: a Telegram bot token's getUpdates poller, a Discord bot token's gateway websocket
+    (the others only send, on standby, and take the connection over when its holder dies).
+    Telegram's webhook mode needs none: every process serves the webhook, the inbox's unique
+    key stores a retried update once."""
     assert isinstance(store, PgStore)
     worker = ClusterWorker(store, bus, manager, lease=lease, channels=channels)
     for channel in manager.channels.values():
@@ -213,12 +282,32 @@ def cluster_worker(store: Store, bus: MessageBus, manager: ChannelManager, *, le
                 channel.answers_elsewhere)
         if isinstance(channel, TelegramChannel) and channel.config.mode == "polling":
             token = channel.config.token.get_secret_value() if channel.config.token else ""
-            name = "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:12]
-            polling = asyncio.Event()
+            channel.poll_gate = _gate(worker, connection_lease("telegram", token),
+                                      channel.stop_polling)
+        if channel.name == "discord":
+            from channels.discord import DiscordChannel  # discord.py only where it is used
 
-            async def start(polling: asyncio.Event = polling) -> None:
-                polling.set()
-
-            worker.leaders[name] = start
-            channel.poll_gate = polling.wait
+            if isinstance(channel, DiscordChannel):
+                token = channel.config.token.get_secret_value() if channel.config.token else ""
+                channel.connect_gate = _gate(worker, connection_lease("discord", token),
+                                             channel.disconnect)
     return worker
+
+
+def _gate(worker: ClusterWorker, name: str,
+          close: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[object]]:
+    """What a channel awaits before it opens the connection only the lease's holder opens:
+    released when this process takes the leader lease ``name``, closed again (and ``close``
+    awaited: the channel goes back to standby) when this process may have lost it."""
+    held = asyncio.Event()
+
+    async def start() -> None:
+        held.set()
+
+    async def give_up() -> None:
+        held.clear()
+        await close()
+
+    worker.leaders[name] = start
+    worker.yielders[name] = give_up
+    return held.wait

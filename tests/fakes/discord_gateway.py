@@ -64,6 +64,7 @@ class DiscordGateway(DiscordState):
                     continue
                 await self._on_frame(conn, json.loads(frame.data))
         finally:
+            self.sessions.discard(conn)
             if self._conn is conn:
                 self._conn = None
             conn.put(None)
@@ -110,6 +111,7 @@ class DiscordGateway(DiscordState):
         self._seq = 0
         self._events.clear()
         self._conn = conn
+        self._opened(conn)
         self.dispatch("READY", {
             "v": 10, "user": self.bot, "session_id": self._session_id,
             "resume_gateway_url": self.gateway_url, "private_channels": [],
@@ -117,6 +119,10 @@ class DiscordGateway(DiscordState):
             "application": {"id": str(APP_ID), "flags": 0}})
         for guild in self.guilds.values():
             self.dispatch("GUILD_CREATE", guild)
+
+    def _opened(self, conn: Connection) -> None:
+        self.sessions.add(conn)
+        self.most_sessions = max(self.most_sessions, len(self.sessions))
 
     async def _resume(self, conn: Connection, data: JSON) -> None:
         self.resumes.append(data)
@@ -129,6 +135,7 @@ class DiscordGateway(DiscordState):
             return
         after = int(data.get("seq") or 0)
         self._conn = conn
+        self._opened(conn)
         for seq, payload in self._events:
             if seq > after:
                 self.replayed += 1

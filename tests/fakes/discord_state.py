@@ -65,7 +65,7 @@ class Failure:
     after_commit: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Connection:
     """One gateway websocket: frames go out through ``outbox``, zlib-compressed when asked."""
 
@@ -126,6 +126,11 @@ class DiscordState:
         """False: the application may not use message content (IDENTIFY closes with 4014)."""
         self.ack_heartbeats = True
         self.identifies: list[JSON] = []
+        self.sessions: set[Connection] = set()
+        """Connections identified or resumed and still open: each a session Discord would
+        dispatch to (a second IDENTIFY does not end the first connection's session)."""
+        self.most_sessions = 0
+        """The most ``sessions`` open at one time."""
         self.resumes: list[JSON] = []
         self.heartbeats = 0
         self.gateway_urls: list[str] = []

@@ -16,6 +16,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import psycopg
@@ -82,3 +84,12 @@ class PostgresCluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+
+@asynccontextmanager
+async def renewals_held(url: str, process: str) -> AsyncIterator[None]:
+    """While inside, the lease renewals of ``process`` (a cluster worker's id) hang, as on a
+    stalled database or a network dropping packets: its ``cluster_processes`` row is locked."""
+    async with await psycopg.AsyncConnection.connect(url) as db:
+        await db.execute("SELECT 1 FROM cluster_processes WHERE id = %s FOR UPDATE", (process,))
+        yield

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import psycopg
 
-from tests.fakes.postgres import PostgresCluster
+from tests.fakes.postgres import PostgresCluster, renewals_held
 
 
 def test_each_test_gets_its_own_empty_database(postgres_url: str,
@@ -123,3 +123,41 @@ async def test_a_process_cut_off_from_the_database_stops_taking_work_and_says_so
     finally:
         await worker.stop()
         await worker.cluster.store.close()
+
+
+async def test_a_leader_whose_renewals_hang_gives_up_before_another_takes_over(
+        postgres_url: str) -> None:
+    """The leader's lease renewals hang (its row is locked: a stalled database, a network
+    that drops packets): two thirds of a lease after its last renewal it gives up what it
+    holds (a Discord websocket, a Telegram poller), before the other may take it over a
+    lease after that renewal. When its renewals work again it finds the lease taken and
+    stays on standby."""
+    from tests.e2e.waiting import until
+
+    a, b = await _worker(postgres_url), await _worker(postgres_url)
+    events: list[str] = []
+
+    def record(what: str) -> Any:
+        async def note() -> None:
+            events.append(what)
+        return note
+
+    a.leaders["x"], a.yielders["x"] = record("a leads"), record("a gives up")
+    b.leaders["x"], b.yielders["x"] = record("b leads"), record("b gives up")
+    for worker in (a, b):
+        worker.cluster.lease = 3.0
+    try:
+        await a.start()
+        await b.start()
+        assert events == ["a leads"]
+        async with renewals_held(postgres_url, a.me):
+            await until(lambda: "b leads" in events, "b to take the lease over", timeout=30)
+            assert events == ["a leads", "a gives up", "b leads"]
+            assert "x" not in a.leading
+        await until(lambda: a.taking_work and a._sure_alive(), "a to renew again", timeout=30)
+        await a.try_lead()
+        assert events == ["a leads", "a gives up", "b leads"] and "x" not in a.leading
+    finally:
+        for worker in (a, b):
+            await worker.stop()
+            await worker.cluster.store.close()
