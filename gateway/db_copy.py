@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from gateway.kernel.snapshot_frame import pack, unpack
 from gateway.kernel.store import Store
 from gateway.kernel.store_sql import TABLE_SETS, TableSet
 
@@ -88,8 +89,14 @@ async def _copy_table(source: Store, dest: Store, table: str, tables: TableSet) 
         batch.clear()
         await dest._write(lambda db: db.executemany(insert, rows))
 
+    packed = cols.index("detail") if table == "context_snapshots" and "detail" in cols else None
     async for row in source.iterate(f"SELECT {names} FROM {table} ORDER BY {order}"):
-        batch.append(tuple(row))
+        values = tuple(row)
+        if packed is not None:  # SQLite packs a snapshot's JSON; each store writes its own
+            detail = unpack(values[packed])
+            values = (*values[:packed], pack(detail) if dest.dialect == "sqlite" else detail,
+                      *values[packed + 1:])
+        batch.append(values)
         count += 1
         if len(batch) >= BATCH:
             await flush()

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import zlib
 from typing import Any
 
 import orjson
@@ -170,3 +171,45 @@ def with_columns(row: dict[str, Any], turn_id: str, context_hash: str,
                         else {**c, "hash": context_hash} for c in calls]
     return out
 
+
+
+# -- the row's JSON packed (SQLite) -------------------------------------------------------------
+
+PACKED_V1 = 1
+"""The first byte of a packed row: which dictionary it was packed with. A dictionary never
+changes once rows use it; a better one is a new version, and every version stays readable."""
+_DICTIONARIES = {PACKED_V1: (
+    b'"shortened":[],"added":0,"tools":"compaction":null,"images":0,"memory_recalled":0,'
+    b'"recall":null,"compaction_id":null,"trimmed":[],"bootstrap_cuts":[],"tool_calls":'
+    b'"reply_to":"thread_id":"media":[],"turn_id":"hash":"2:'
+    b'{"layers":{"summary":0,"history":,"runtime":,"user":},'
+    b'"sources":{"history_available":,"history_kept":,"skills":},'
+    b'"texts":{"runtime":""},"inputs":{"inbound":{"text":"","message_id":"",'
+    b'"received_at":"2026-01-01T00:00:00.000000+00:00"},"history_ids":[1,],"kept_ids":[1,]},'
+    b'"calls":[{}],"frame":""}')}
+"""What most rows share, for zlib to refer to: the keys in their usual order (the most
+common last, nearest), so a row stores little more than its values."""
+
+
+def pack(text: str) -> bytes:
+    """A row's JSON as SQLite stores it: deflated against a preset dictionary (a plain
+    turn's 520 bytes take ~200; ~7 µs). PostgreSQL keeps the text (it reads it as JSON)."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, -11, 4, zlib.Z_DEFAULT_STRATEGY,
+                              _DICTIONARIES[PACKED_V1])
+    return bytes((PACKED_V1,)) + packer.compress(text.encode()) + packer.flush()
+
+
+def unpack(stored: str | bytes) -> str:
+    """``pack`` undone; a row stored as text (older, or PostgreSQL's) is returned as it is."""
+    if isinstance(stored, str):
+        return stored
+    unpacker = zlib.decompressobj(-11, _DICTIONARIES[stored[0]])
+    return (unpacker.decompress(stored[1:]) + unpacker.flush()).decode()
+
+
+def history_from(stored: str | bytes | None) -> int | None:
+    """The first history message id a stored row names (what retention must keep)."""
+    if stored is None:
+        return None
+    ids = json.loads(unpack(stored)).get("inputs", {}).get("history_ids")
+    return int(ids[0]) if isinstance(ids, list) and ids else None

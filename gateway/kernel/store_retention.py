@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gateway.kernel.config_retention import RetentionConfig
+from gateway.kernel.snapshot_frame import history_from
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_sql import twin
 
@@ -115,7 +116,7 @@ def prune_snapshots(conn: sqlite3.Connection, policy: Policy, now: datetime) -> 
 _SUMMARISED = ("SELECT c.session_id, MAX(c.first_kept_id) FROM compactions c "
                "GROUP BY c.session_id")
 _TURNS = twin("SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
-              "json_extract(s.detail, '$.inputs.history_ids[0]') FROM messages m "
+              "s.detail FROM messages m "  # packed (snapshot_frame.pack): read here
               "LEFT JOIN context_snapshots s ON s.turn_id = m.turn_id "
               "WHERE m.session_id = ? GROUP BY m.turn_id ORDER BY MIN(m.id)",
               "SELECT m.turn_id, MAX(m.id), MAX(m.created_at), SUM(LENGTH(m.body)), "
@@ -182,7 +183,8 @@ def prune_turns(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass
         if left <= 0:
             done.more = True
             break
-        rows = conn.execute(_TURNS, (session_id,)).fetchall()
+        rows = [(*r[:4], r[4] if r[4] is None or isinstance(r[4], int) else history_from(r[4]))
+                for r in conn.execute(_TURNS, (session_id,)).fetchall()]
         turns = _removable(rows, int(first_kept), cutoff, policy.turns_max_per_session, left)
         _remove_turns(conn, turns, done)
         left -= len(turns)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
-from gateway.kernel.snapshot_frame import without_columns
+from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
 from gateway.kernel.store_search import TRIGRAM, insert_sql
@@ -320,9 +320,13 @@ class SessionTables(LayerTexts):
                         for m in messages]
         call_rows = _call_rows(session_id, turn_id, calls or [], usage, now)
         total = snapshot.get("total_tokens") if snapshot else None
-        snapshot_row = (turn_id, session_id, now, snapshot["hash"], snapshot["total_tokens"],
-                        SECRETS.redact(dump_json(without_columns(snapshot, turn_id)))
-                        ) if snapshot is not None else None
+        snapshot_row = None
+        if snapshot is not None:
+            detail: str | bytes = SECRETS.redact(dump_json(without_columns(snapshot, turn_id)))
+            if self.dialect == "sqlite":  # PostgreSQL reads it as JSON: kept as text there
+                detail = pack(detail)
+            snapshot_row = (turn_id, session_id, now, snapshot["hash"],
+                            snapshot["total_tokens"], detail)
         text_rows = self._new_texts(texts)
 
         def write(db: sqlite3.Connection) -> None:

@@ -4,11 +4,12 @@ once; reading puts it back exactly."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from gateway.app import Gateway
 from gateway.kernel.events import InboundMessage, event_to_dict
-from gateway.kernel.snapshot_frame import FRAME, expand, fold
+from gateway.kernel.snapshot_frame import FRAME, expand, fold, pack, unpack
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -56,7 +57,10 @@ async def test_snapshots_read_back_whole_and_the_frame_is_stored_once(
     assert len(snaps) == 3 and all(s["session_key"] == "local:c1" for s in snaps)
     assert all(s["texts"]["system"] and s["inputs"]["inbound"]["thread_id"] is None
                for s in snaps)
-    assert len({r[0].split(f'"{FRAME}":')[1] for r in rows}) == 1  # one frame for all three
+    details = [unpack(r[0]) for r in rows]  # packed (SQLite): ~40 % of the JSON's size
+    assert all(isinstance(r[0], bytes) and len(r[0]) < len(d) / 2
+               for r, d in zip(rows, details, strict=True))
+    assert len({d.split(f'"{FRAME}":')[1] for d in details}) == 1  # one frame for all three
 
 
 def test_the_layers_keep_the_prompts_order() -> None:
@@ -102,3 +106,38 @@ def test_what_most_turns_have_is_left_out_of_the_row() -> None:
     row, texts = fold(copy.deepcopy(unusual), texts)
     assert row["trimmed"] == ["dropped 2 turns"] and row["sources"]["compaction"] == 7
     assert expand(row, texts) == unusual
+
+
+def test_a_packed_row_reads_back_as_its_text_and_text_rows_as_they_are() -> None:
+    detail = ('{"layers":{"summary":0,"history":5174,"runtime":106,"user":12},"inputs":'
+              '{"inbound":{"text":"héllo","message_id":"f6ba"},"history_ids":[1,398]},'
+              '"calls":[{}],"frame":"eafde071"}')
+    packed = pack(detail)
+    assert packed[0] == 1 and len(packed) < len(detail) / 2
+    assert unpack(packed) == detail and unpack(detail) == detail  # older rows: text
+
+
+async def test_runtime_blocks_differing_in_their_time_share_one_stored_template(
+        tmp_path: Path) -> None:
+    """The runtime block names the time to the second: every turn's is new. Its template is
+    stored once; each turn's row keeps its time, and reads give the exact text back."""
+    from gateway.kernel.store import Store
+
+    def runtime(when: str) -> str:
+        return ("[Runtime Context — metadata only, not instructions]\n"
+                f"Time: {when} UTC (UTC+0000), Wednesday\nChannel: local\nChat ID: c1\n"
+                "Sender: bench\nSender trust: owner\nModel: openai/test\nLast turn: done\n")
+
+    texts = {f"h{i}": runtime(f"2026-11-25 15:22:{i:02d}") for i in range(3)}
+    plain = {"p": "# Memory\n\n(Long-term facts worth remembering across conversations.)\n" * 3}
+    store = await Store.open(tmp_path / "parley.db")
+    try:
+        rows = store._new_texts({**texts, **plain})
+        await store.write(lambda db: db.executemany(
+            "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)", rows))
+        stored = dict(await store.fetchall("SELECT hash, text FROM layer_texts"))
+        assert len(stored) == 5  # one template, three times, the other text
+        assert all(len(stored[h]) < 120 < len(texts[h]) for h in texts)  # hash and time
+        assert await store.layer_texts([*texts, "p", "missing"]) == {**texts, **plain}
+    finally:
+        await store.close()
