@@ -322,9 +322,9 @@ class SessionTables(LayerTexts):
         total = snapshot.get("total_tokens") if snapshot else None
         snapshot_row = None
         if snapshot is not None:
-            detail: str | bytes = SECRETS.redact(dump_json(without_columns(snapshot, turn_id)))
-            if self.dialect == "sqlite":  # PostgreSQL reads it as JSON: kept as text there
-                detail = pack(detail)
+            text = SECRETS.redact(dump_json(without_columns(snapshot, turn_id)))
+            # PostgreSQL reads it as JSON: kept as text there
+            detail: str | bytes = pack(text) if self.dialect == "sqlite" else text
             snapshot_row = (turn_id, session_id, now, snapshot["hash"],
                             snapshot["total_tokens"], detail)
         text_rows = self._new_texts(texts)
