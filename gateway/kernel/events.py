@@ -6,7 +6,8 @@ anyone changing it underneath another. Timestamps are always timezone-aware.
 
 from __future__ import annotations
 
-import uuid
+import base64
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -33,7 +34,11 @@ def utcnow() -> datetime:
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A fresh id (a turn, a message, a delivery key): 80 random bits as 16 lowercase base32
+    characters. Half a UUID's length: a turn's id is stored eight times over (its row, its
+    messages, its model calls, its snapshot and their indexes), and unique enough — a billion
+    ids collide with a chance below one in two million."""
+    return base64.b32encode(os.urandom(10)).decode().lower()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
