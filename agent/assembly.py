@@ -42,6 +42,9 @@ class ContextAssembly:
         self.models = models
         self._builder: ContextBuilder | None = None
         self._history = HistoryCache(store, config.agent.context.max_recent_messages)
+        self._called: dict[int, tuple[int, int, frozenset[str]]] = {}
+        """By a history's first message id: how many messages were read, the last one's id,
+        the tools they called (``_tools_called``)."""
         self._window_problem: str | None = None
         self._tools_tokens: dict[tuple[ToolFilter, frozenset[str]],
                                  tuple[list[dict[str, Any]], int]] = {}
@@ -108,11 +111,27 @@ class ContextAssembly:
         deferred = self.registry.deferred(allowed)
         if not deferred:
             return NO_LOADED
-        used = {c.get("function", {}).get("name") for m in history if m.role == "assistant"
-                for c in m.body.get("tool_calls") or ()}
+        used = set(self._tools_called(history))
         used.update(t for s in self.builder.skills.skills() if s.always and s.available
                     for t in s.tools)
         return frozenset(n for n in deferred if n in used) or NO_LOADED
+
+    def _tools_called(self, history: list[StoredMessage]) -> frozenset[str]:
+        """The tools ``history``'s assistant messages called; a session's next turn reads
+        only the messages added since (its history is the last one's plus the new turn)."""
+        if not history:
+            return NO_LOADED
+        count, last_id, called = self._called.get(history[0].id, (0, 0, NO_LOADED))
+        if not (0 < count <= len(history) and history[count - 1].id == last_id):
+            count, called = 0, NO_LOADED  # compacted or trimmed differently: all again
+        new = {c.get("function", {}).get("name") for m in history[count:]
+               if m.role == "assistant" for c in m.body.get("tool_calls") or ()}
+        if new - called:
+            called = frozenset(called | new)
+        if len(self._called) >= 1024:
+            self._called.clear()
+        self._called[history[0].id] = (len(history), history[-1].id, called)
+        return called
 
     def budget(self, built: BuiltContext) -> TurnBudget:
         """What the tool loop may add to ``built`` before old tool results are shortened."""

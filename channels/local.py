@@ -60,7 +60,7 @@ from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
-from gateway.kernel.store_db import Database, StoreUnavailable
+from gateway.kernel.store_db import Database, StoreUnavailable, dump_json
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -378,12 +378,12 @@ class LocalChannel(ChannelBase):
         body: dict[str, Any] = {"message_id": msg.message_id}
         if not new:
             body["duplicate"] = True  # a retry of a message already taken: not answered twice
-        return web.json_response(body, status=202)
+        return web.json_response(body, status=202, dumps=dump_json)
 
     async def _get_messages(self, request: web.Request) -> web.Response:
         chat_id, after, wait = parse_poll_query(request.query)
         found, next_seq = await self.wait_messages(chat_id, after=after, timeout=wait)
-        return web.json_response({"messages": found, "next": next_seq})
+        return web.json_response({"messages": found, "next": next_seq}, dumps=dump_json)
 
     async def _get_health(self, request: web.Request) -> web.Response:
         data: dict[str, Any] = {"status": "ok", **self._health()}

@@ -13,11 +13,12 @@ storage reads, and merges, on its own.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
-from gateway.kernel.store_db import Database
+import orjson
+
+from gateway.kernel.store_db import Database, dump_json
 from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register, twin
 
 MAX_KEPT = 5000
@@ -60,14 +61,14 @@ class ReplyLog:
         """The newest ``limit`` records, oldest first, each with its ``seq``."""
         rows = await self._store.fetchall(
             "SELECT seq, record FROM local_replies ORDER BY seq DESC LIMIT ?", (limit,))
-        return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
+        return [{"seq": seq, **orjson.loads(record)} for seq, record in reversed(rows)]
 
     async def newer(self, chat_id: str, after: int, limit: int) -> list[dict[str, Any]]:
         """``chat_id``'s records past ``after`` (the newest ``limit``), oldest first."""
         rows = await self._store.fetchall(
             "SELECT seq, record FROM local_replies WHERE chat_id = ? AND seq > ? "
             "ORDER BY seq DESC LIMIT ?", (chat_id, after, limit))
-        return [{"seq": seq, **json.loads(record)} for seq, record in reversed(rows)]
+        return [{"seq": seq, **orjson.loads(record)} for seq, record in reversed(rows)]
 
     async def last_seq(self) -> int:
         """The highest ``seq`` ever handed out (kept by SQLite even when its row is gone)."""
@@ -77,7 +78,7 @@ class ReplyLog:
     async def add(self, key: str, record: dict[str, Any]) -> tuple[int, bool]:
         """Store ``record`` (without its seq) once per ``key``: ``(seq, True)`` when new, the
         earlier seq and False when ``key`` was stored before."""
-        body = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        body = dump_json(record)
 
         def write(db: sqlite3.Connection) -> tuple[int, bool]:
             # one transaction in one hop to the database thread (it was seven: issue 24)

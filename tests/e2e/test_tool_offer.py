@@ -38,6 +38,10 @@ async def test_a_loaded_tool_is_offered_from_the_next_call_and_while_in_use(
         llm.reply("hi")
         await gw.local.ask("c2", "hello", timeout=10)
         assert "cron" not in full(llm.last_request)
+        # and the turn after next still does (only its new messages are read for calls)
+        llm.reply("none yet")
+        await gw.local.ask("c1", "any now?", timeout=10)
+        assert "cron" in full(llm.last_request)
 
 
 async def test_a_guest_cannot_load_what_it_may_not_use(make_config: MakeConfig,
