@@ -25,6 +25,7 @@ from workspace.bootstrap import (
     BootstrapLoader,
 )
 from workspace.skills import SkillsIndex
+from workspace.watch import Watch
 
 LAYER_SEPARATOR = "\n\n---\n\n"
 BUILTIN_SKILLS = Path(workspace_package.__file__).resolve().parent / "builtin_skills"
@@ -69,6 +70,8 @@ class SystemPrompts:
                                    *skills.folders,
                                    *([skills.user_folder] if skills.user_folder else []),
                                    self.workspace / "skills"], config=config)
+        # inotify where there is one: a turn over unchanged files and skills makes no stat
+        self.loader.watch = self.skills.watch = Watch.open()
         fixed = (FIRST_RUN_FILE, *BOOTSTRAP_FILES, MEMORY_FILE, HEARTBEAT_FILE)
         self.extra = tuple(dict.fromkeys(f for f in ctx.bootstrap.extra_files
                                          if f not in fixed))

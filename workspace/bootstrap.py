@@ -8,10 +8,16 @@ changes.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from workspace.watch import Watch
+
+Signature = tuple[tuple[int, int] | None, ...]
 
 _log = logging.getLogger(__name__)
 
@@ -56,6 +62,9 @@ class BootstrapLoader:
         self.max_chars = max_chars
         self.total_max_chars = total_max_chars
         self._cache: dict[str, tuple[tuple[int, int], str]] = {}
+        self.watch: Watch | None = None
+        """Set by the owner: then an unchanged workspace costs no ``stat`` (``signature``)."""
+        self._signatures: dict[tuple[str, ...], tuple[int, Signature]] = {}
 
     def _read(self, name: str) -> str | None:
         path = self.workspace / name
@@ -76,16 +85,33 @@ class BootstrapLoader:
         self._cache[name] = (sig, text)
         return text
 
-    def signature(self, names: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
-        """A cheap fingerprint of the files (stat only), for callers that cache their output."""
+    def signature(self, names: tuple[str, ...]) -> Signature:
+        """A cheap fingerprint of the files (stat only), for callers that cache their output;
+        with a ``watch``, the last one again while nothing in their folders changed."""
+        watch = self.watch
+        generation = watch.look() if watch is not None else None
+        if generation is not None:
+            known = self._signatures.get(names)
+            if known is not None and known[0] == generation:
+                return known[1]
+        paths = [self.workspace / name for name in names]
+        trusted = watch is not None and watch.cover(sorted({p.parent for p in paths}))
         out: list[tuple[int, int] | None] = []
-        for name in names:
+        for path in paths:
             try:
-                st = (self.workspace / name).stat()
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):  # a change to its target is seen nowhere here
+                    trusted = False
+                    st = os.stat(path)
                 out.append((st.st_mtime_ns, st.st_size))
             except OSError:
                 out.append(None)
-        return tuple(out)
+        sig = tuple(out)
+        if trusted and generation is not None:
+            if len(self._signatures) > 16:
+                self._signatures.clear()
+            self._signatures[names] = (generation, sig)
+        return sig
 
     def load(self, names: tuple[str, ...]) -> list[FileText]:
         """The files that exist, in order, each within the limits; empty files are skipped."""

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from workspace.watch import Watch
+
 _log = logging.getLogger(__name__)
 
 
@@ -114,8 +116,15 @@ class SkillsIndex:
         self.config = config
         self._sig: tuple[Any, ...] | None = None
         self._skills: list[Skill] = []
+        self.watch: Watch | None = None
+        """Set by the owner: then unchanged skill folders cost no ``scandir``/``stat``."""
+        self._seen: int | None = None
+        """The watch's generation when the folders were last looked at (None: look again)."""
 
-    def _signature(self) -> tuple[Any, ...]:
+    def _signature(self) -> tuple[tuple[Any, ...], bool]:
+        """(the skills' paths and SKILL.md stats, whether the watch covers every one)."""
+        watch = self.watch
+        trusted = watch is not None and watch.cover(self.folders)
         sig: list[Any] = []
         for folder in self.folders:
             try:
@@ -123,18 +132,27 @@ class SkillsIndex:
             except (FileNotFoundError, NotADirectoryError):
                 continue
             for entry in entries:
+                skill_md = os.path.join(entry.path, "SKILL.md")
                 try:
-                    st = os.stat(os.path.join(entry.path, "SKILL.md"))
+                    if entry.is_symlink() or os.path.islink(skill_md):
+                        trusted = False  # a change at the link's target is not seen here
+                    elif trusted and entry.is_dir():
+                        trusted = watch is not None and watch.cover([Path(entry.path)])
+                    st = os.stat(skill_md)
                 except OSError:
                     continue
                 sig.append((entry.path, st.st_mtime_ns, st.st_size))
-        return tuple(sig)
+        return tuple(sig), trusted
 
     def skills(self) -> list[Skill]:
-        sig = self._signature()
+        generation = self.watch.look() if self.watch is not None else None
+        if generation is not None and generation == self._seen:
+            return self._skills
+        sig, trusted = self._signature()
         if sig != self._sig:
             self._skills = self._scan(sig)
             self._sig = sig
+        self._seen = generation if trusted else None
         return self._skills
 
     def _scan(self, sig: tuple[Any, ...]) -> list[Skill]:
