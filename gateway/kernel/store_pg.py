@@ -20,7 +20,8 @@ from typing import Any, Self, TypeVar
 
 import psycopg
 
-from gateway.kernel.store_queues import QueueTables
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store_queues import QueueTables, inbox_row
 from gateway.kernel.store_schema import CORE
 from gateway.kernel.store_search import SearchTables
 from gateway.kernel.store_sessions import SessionTables
@@ -30,6 +31,28 @@ from gateway.kernel.store_usage import UsageTables
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+
+_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+_LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
+_TAKE_AT_INSERT = (
+    f"WITH me AS (SELECT id FROM cluster_processes WHERE id = ? AND expires_at > {_NOW}), "
+    "lease AS (INSERT INTO chat_leases (channel, chat_id, holder, since) "
+    f"SELECT ?, ?, me.id, {_NOW} FROM me WHERE NOT EXISTS (SELECT 1 FROM chat_leases l "
+    f"WHERE l.channel = ? AND l.chat_id = ? AND l.holder <> me.id AND l.holder IN ({_LIVE})) "
+    "ON CONFLICT (channel, chat_id) DO UPDATE SET holder = EXCLUDED.holder, "
+    "since = EXCLUDED.since WHERE chat_leases.holder = EXCLUDED.holder "
+    f"OR chat_leases.holder NOT IN ({_LIVE}) RETURNING holder) "
+    "INSERT INTO inbox (channel, chat_id, message_id, payload, received_at, claimed_by) "
+    "SELECT ?, ?, ?, ?, ?, (SELECT holder FROM lease WHERE NOT EXISTS (SELECT 1 FROM inbox i "
+    "WHERE i.channel = ? AND i.chat_id = ? AND i.status = 'pending' "
+    "AND i.claimed_by IS DISTINCT FROM lease.holder)) "
+    "ON CONFLICT DO NOTHING RETURNING claimed_by")
+"""An inbound message stored and, in the same statement, claimed by the process storing it
+when that process is alive and holds the chat's lease or can take it (no other live holder:
+a chat another live process holds is not even tried, so its lease row is never locked here),
+and no earlier message of the chat waits unclaimed or claimed by another (it would be
+answered after this one). Otherwise it is stored unclaimed and ``NOTIFY parley_inbox`` (the
+cluster's trigger) wakes the claim rounds, which take a chat's messages in order."""
 
 
 class Cursor:
@@ -151,6 +174,9 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
 
     dialect = "postgresql"
     claims_inbound = True
+    claimer: str | None = None
+    """This process's id in the cluster while it takes work (``gateway/cluster.py``): what it
+    stores it may claim at once (``inbox_take``). None: every message is left to the claims."""
     trigram = False
     search_mode = "like"
 
@@ -277,6 +303,19 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         """``VACUUM (ANALYZE)`` outside a transaction (``parley db vacuum``)."""
         async with self._write_lock:
             await self._call(lambda c: c.execute("VACUUM (ANALYZE)"))
+
+    async def inbox_take(self, msg: InboundMessage) -> tuple[bool, bool]:
+        """Store an inbound message, claimed here at once when this process holds its chat
+        (``_TAKE_AT_INSERT``): no wake-up of every process, no claim round, no second
+        transaction for most messages. (stored, claimed here)."""
+        me = self.claimer
+        if me is None:
+            return await super().inbox_take(msg)
+        channel, chat, message_id, payload, received = inbox_row(msg)
+        params = (me, channel, chat, channel, chat, channel, chat, message_id, payload,
+                  received, channel, chat)
+        row = await self._write(lambda db: db.execute(_TAKE_AT_INSERT, params).fetchone())
+        return row is not None, row is not None and row[0] is not None
 
     def check_file(self) -> str | None:
         """SQLite's check that its file is still there; a lost connection shows in the
