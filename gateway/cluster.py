@@ -179,8 +179,10 @@ class ClusterWorker:
             await self.manager.resend(claimed.outbound)
 
     async def _listen(self) -> None:
-        async for channel, payload in self.cluster.notifications():
+        async for channel, payload, mine in self.cluster.notifications():
             if channel in ("parley_local", "parley_webchat"):
+                if mine:  # its own reply: the channel read it as it stored it (no second read)
+                    continue
                 self._replies.add((channel, payload))
                 self._replied.set()
             else:

@@ -257,14 +257,16 @@ class ClusterStore:
         await self._listen.execute("LISTEN parley_local")
         await self._listen.execute("LISTEN parley_webchat")
 
-    async def notifications(self) -> AsyncIterator[tuple[str, str]]:
-        """(channel, payload) each time a process (this one too) stored an inbound message
+    async def notifications(self) -> AsyncIterator[tuple[str, str, bool]]:
+        """(channel, payload, mine) each time a process stored an inbound message
         (``parley_inbox``), a local channel's reply (``parley_local``, its chat) or a WebChat
-        answer (``parley_webchat``, its chat). One
-        generator for the connection's life: none is missed between two waits."""
+        answer (``parley_webchat``, its chat); ``mine``: this process's store connection
+        sent it (the server's backend pid says so). One generator for the connection's
+        life: none is missed between two waits."""
         assert self._listen is not None
         async for note in self._listen.notifies():
-            yield note.channel, note.payload
+            conn = self.store._conn
+            yield note.channel, note.payload, not conn.closed and note.pid == conn.info.backend_pid
 
     async def close(self) -> None:
         for conn in (self._listen, self._beat):
