@@ -75,7 +75,10 @@ class ClusterWorker:
         """While it takes work (and is not stopping) the process claims the messages it stores
         for the chats it holds as it stores them (``PgStore.inbox_take``)."""
         self._taking_work = taking
-        self.cluster.store.claimer = self.me if taking and not self._closing else None
+        store = self.cluster.store
+        store.claimer = self.me if taking and not self._closing else None
+        store.takes_free = frozenset(name for name, channel in self.manager.channels.items()
+                                     if isinstance(channel, LocalChannel | WebchatChannel))
 
     async def start(self) -> None:
         asked = asyncio.get_running_loop().time()

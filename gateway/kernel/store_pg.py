@@ -35,24 +35,32 @@ _log = logging.getLogger(__name__)
 _NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 _LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
 _TAKE_AT_INSERT = (
-    f"WITH me AS (SELECT id FROM cluster_processes WHERE id = ? AND expires_at > {_NOW}), "
+    "WITH m (channel, chat_id, message_id, payload, received_at, me, take_free) AS "
+    "(VALUES (?, ?, ?, ?, ?, ?, ?::boolean)), "
+    f"me AS (SELECT p.id FROM cluster_processes p, m WHERE p.id = m.me AND p.expires_at > {_NOW}), "
     "lease AS (INSERT INTO chat_leases (channel, chat_id, holder, since) "
-    f"SELECT ?, ?, me.id, {_NOW} FROM me WHERE NOT EXISTS (SELECT 1 FROM chat_leases l "
-    f"WHERE l.channel = ? AND l.chat_id = ? AND l.holder <> me.id AND l.holder IN ({_LIVE})) "
+    f"SELECT m.channel, m.chat_id, me.id, {_NOW} FROM m, me WHERE CASE WHEN m.take_free "
+    "THEN NOT EXISTS (SELECT 1 FROM chat_leases l WHERE l.channel = m.channel "
+    f"AND l.chat_id = m.chat_id AND l.holder <> me.id AND l.holder IN ({_LIVE})) "
+    "ELSE EXISTS (SELECT 1 FROM chat_leases l WHERE l.channel = m.channel "
+    "AND l.chat_id = m.chat_id AND l.holder = me.id) END "
     "ON CONFLICT (channel, chat_id) DO UPDATE SET holder = EXCLUDED.holder, "
     "since = EXCLUDED.since WHERE chat_leases.holder = EXCLUDED.holder "
     f"OR chat_leases.holder NOT IN ({_LIVE}) RETURNING holder) "
     "INSERT INTO inbox (channel, chat_id, message_id, payload, received_at, claimed_by) "
-    "SELECT ?, ?, ?, ?, ?, (SELECT holder FROM lease WHERE NOT EXISTS (SELECT 1 FROM inbox i "
-    "WHERE i.channel = ? AND i.chat_id = ? AND i.status = 'pending' "
-    "AND i.claimed_by IS DISTINCT FROM lease.holder)) "
+    "SELECT m.channel, m.chat_id, m.message_id, m.payload, m.received_at, (SELECT holder "
+    "FROM lease WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.channel = m.channel "
+    "AND i.chat_id = m.chat_id AND i.status = 'pending' "
+    "AND i.claimed_by IS DISTINCT FROM lease.holder)) FROM m "
     "ON CONFLICT DO NOTHING RETURNING claimed_by")
 """An inbound message stored and, in the same statement, claimed by the process storing it
-when that process is alive and holds the chat's lease or can take it (no other live holder:
-a chat another live process holds is not even tried, so its lease row is never locked here),
-and no earlier message of the chat waits unclaimed or claimed by another (it would be
-answered after this one). Otherwise it is stored unclaimed and ``NOTIFY parley_inbox`` (the
-cluster's trigger) wakes the claim rounds, which take a chat's messages in order."""
+when that process is alive and holds the chat's lease, or (``take_free``: a channel every
+process receives, so where a chat's messages arrive spreads the chats) can take it: no other
+live holder; a chat another live process holds is not even tried, so its lease row is never
+locked here. And only when no earlier message of the chat waits unclaimed or claimed by
+another (it would be answered after this one). Otherwise it is stored unclaimed and
+``NOTIFY parley_inbox`` (the cluster's trigger) wakes the claim rounds, which take a chat's
+messages in order."""
 
 
 class Cursor:
@@ -177,6 +185,11 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
     claimer: str | None = None
     """This process's id in the cluster while it takes work (``gateway/cluster.py``): what it
     stores it may claim at once (``inbox_take``). None: every message is left to the claims."""
+    takes_free: frozenset[str] = frozenset()
+    """Channels whose new chats the storing process takes as it stores their first message:
+    those every process receives (the local channel, WebChat). A platform one process polls
+    (a leader lease) would otherwise gather all its chats there; its new chats are left to the
+    claim rounds, which spread them."""
     trigram = False
     search_mode = "like"
 
@@ -312,8 +325,8 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         if me is None:
             return await super().inbox_take(msg)
         channel, chat, message_id, payload, received = inbox_row(msg)
-        params = (me, channel, chat, channel, chat, channel, chat, message_id, payload,
-                  received, channel, chat)
+        params = (channel, chat, message_id, payload, received, me,
+                  channel in self.takes_free)
         row = await self._write(lambda db: db.execute(_TAKE_AT_INSERT, params).fetchone())
         return row is not None, row is not None and row[0] is not None
 

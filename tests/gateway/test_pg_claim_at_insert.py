@@ -1,7 +1,8 @@
 """An inbound message claimed as it is stored (issue 19, the cost of a turn on PostgreSQL):
 by the process storing it when it holds the chat (or can take it), with no wake-up of every
 process; left to the claim rounds when another live process holds the chat or an earlier
-message of the chat waits (order per chat kept)."""
+message of the chat waits (order per chat kept), and a new chat of a platform one process
+polls is left to them too (they spread its chats over the processes)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from gateway.kernel.store import Store
 from gateway.kernel.store_pg_cluster import ClusterStore
 
 
-def message(chat: str, text: str) -> InboundMessage:
-    return InboundMessage(channel="local", chat_id=chat, sender_id="u1", text=text)
+def message(chat: str, text: str, channel: str = "local") -> InboundMessage:
+    return InboundMessage(channel=channel, chat_id=chat, sender_id="u1", text=text)
 
 
 @pytest.fixture
@@ -30,6 +31,7 @@ async def two(postgres_url: str) -> AsyncIterator[tuple[ClusterStore, ClusterSto
     for proc in procs:
         await proc.join()
         proc.store.claimer = proc.me
+        proc.store.takes_free = frozenset({"local"})  # every process receives it
     yield procs[0], procs[1]
     for store in stores:
         await store.close()
@@ -99,3 +101,18 @@ async def test_a_process_given_up_for_dead_claims_nothing_as_it_stores(
     assert await a.store.inbox_take(message("c1", "late")) == (True, False)
     assert await holder(a, "c1") is None
     assert [m.text for m in (await b.claim()).inbound] == ["late"]
+
+
+async def test_a_new_chat_of_a_channel_one_process_receives_is_left_to_the_claims(
+        two: tuple[ClusterStore, ClusterStore]) -> None:
+    a, b = two
+    a.channels = b.channels = ["telegram"]
+    assert await a.store.inbox_take(message("t1", "first", "telegram")) == (True, False)
+    assert await holder(a, "t1") is None
+    assert [m.text for m in (await b.claim()).inbound] == ["first"]  # the round spreads it
+    assert await a.store.inbox_take(message("t1", "second", "telegram")) == (True, False)
+    assert [m.text for m in (await b.claim()).inbound] == ["second"]
+    assert [m.text for m in (await a.claim()).inbound] == []
+    assert await a.store.inbox_take(message("t2", "one", "telegram")) == (True, False)
+    assert [m.text for m in (await a.claim()).inbound] == ["one"]
+    assert await a.store.inbox_take(message("t2", "two", "telegram")) == (True, True)  # held
