@@ -45,10 +45,12 @@ from bench.stats import summary_ms
 CHATS = 100
 PROCESSES = (1, 2, 4)
 LEASE_S = 3.0
-BUDGET_ORDER = (1, 2, 4, 2, 1)
-"""The budgeted rows' order: 1 and 2 processes measured before and after the rest (ABBA), so
-a drift of the shared machine's speed over the run (other work, the other hyperthread busy:
-the same CPU time buys less work) weighs on both alike."""
+BUDGET_ORDER = ("1", "2", "2-separate", "4", "2-separate", "2", "1")
+"""The budgeted rows' order: each measured before and after the others (ABBA), so a drift of
+the shared machine's speed over the run (other work on the host: the same CPU time buys less
+work) weighs on all alike. ``2-separate``: two gateways each on a database of its own, no
+cluster between them: what two processes cost each other on this machine without the
+cluster, the yardstick for the cluster's own cost (clustered 2 / separate 2)."""
 BUDGET_CPUS = 0.3
 """CPU per gateway process in the budgeted rows. Two of them (0.6) leave 1.4 of a 2-core
 machine to PostgreSQL, the model server and the client (together ~2.5 ms of CPU a turn, so
@@ -165,9 +167,15 @@ async def _load(clients: list[LocalClient], seconds: float, tag: str) -> dict[st
 
 
 async def throughput(root: Path, server: ModelServer, db: _Database, n: int,
-                     seconds: float, budget: CpuBudget | None = None) -> dict[str, Any]:
+                     seconds: float, budget: CpuBudget | None = None,
+                     separate: bool = False) -> dict[str, Any]:
+    """``separate``: each gateway on a database of its own (no cluster between them)."""
     with ExitStack() as stack:
-        gateways = _gateways(root / f"n{n}", server.base_url, db.fresh(), n, budget)
+        if separate:
+            gateways = [gw for i in range(n) for gw in _gateways(
+                root / f"n{n}-{i}", server.base_url, db.fresh(), 1, budget)]
+        else:
+            gateways = _gateways(root / f"n{n}", server.base_url, db.fresh(), n, budget)
         for gw in gateways:
             stack.callback(gw.stop)
         clients = [LocalClient(gw.base_url) for gw in gateways]
@@ -266,16 +274,21 @@ async def measure(root: Path, server: ModelServer, seconds: float,
         else:
             runs: dict[str, list[dict[str, Any]]] = {}
             try:
-                for k, n in enumerate(BUDGET_ORDER):
+                for k, row in enumerate(BUDGET_ORDER):
+                    n, separate = int(row[0]), row.endswith("separate")
                     say(f"postgres: {CHATS} chats over {n} process(es) of {BUDGET_CPUS:g} CPU "
-                        f"each for {seconds:g} s")
-                    runs.setdefault(str(n), []).append(await throughput(
-                        root / f"budgeted{k}", server, db, n, seconds, budget))
+                        f"each{' (a database each)' if separate else ''} for {seconds:g} s")
+                    runs.setdefault(row, []).append(await throughput(
+                        root / f"budgeted{k}", server, db, n, seconds, budget, separate))
                     budget.release()
             finally:
                 budget.release()
             budgeted["throughput"] = {n: _combined(r) for n, r in runs.items()}
             budgeted["speedup"] = _speedup(budgeted["throughput"])
+            rows = budgeted["throughput"]
+            clustered, apart = rows["2"]["turns_per_s"], rows["2-separate"]["turns_per_s"]
+            budgeted["cluster_vs_separate"] = (round(clustered / apart, 2)
+                                               if clustered and apart else None)
         say(f"postgres: failover after kill -9 of one of two processes (lease {LEASE_S:g} s)")
         out["failover"] = await failover(root, server, db)
         return out
