@@ -221,8 +221,20 @@ def checks(r: dict[str, Any]) -> list[Check]:
         add("11", f"postgres: turns/s, 100 chats, {n} process(es)",
             _get(r, f"postgres.throughput.{n}.turns_per_s"),
             "{:.1f}" + f" (load {_load(r, f'postgres.throughput.{n}')})", "", None)
-    add("11", "postgres: 2 processes' throughput / 1 process's", _get(r, "postgres.speedup.2"),
-        "{:.2f}x", ">= 1.8x", lambda v: v >= 1.8)
+    add("11", "postgres: 2 processes' throughput / 1 process's, sharing the machine",
+        _get(r, "postgres.speedup.2"), "{:.2f}x", "", None)
+    cpus = _get(r, "postgres.budgeted.cpus_per_process")
+    for n in ("1", "2", "4"):  # a fixed CPU budget per process: a machine each, emulated
+        add("11", f"postgres: turns/s, 100 chats, {n} process(es) of {cpus} CPU each",
+            _get(r, f"postgres.budgeted.throughput.{n}.turns_per_s"),
+            "{:.1f}" + f" (load {_load(r, f'postgres.budgeted.throughput.{n}')})", "", None)
+    add("11", f"postgres: turns/s, 2 processes of {cpus} CPU each, a database each (no cluster)",
+        _get(r, "postgres.budgeted.throughput.2-separate.turns_per_s"),
+        "{:.1f}" + f" (load {_load(r, 'postgres.budgeted.throughput.2-separate')})", "", None)
+    add("11", f"postgres: 2 processes' throughput / 1 process's, {cpus} CPU each",
+        _get(r, "postgres.budgeted.speedup.2"), "{:.2f}x", ">= 1.8x", lambda v: v >= 1.8)
+    add("11", "postgres: the cluster's own cost: 2 clustered / 2 on a database each",
+        _get(r, "postgres.budgeted.cluster_vs_separate"), "{:.2f}x", "", None)
     add("11", "postgres: failover, kill -9 → the dead process's chats answered",
         _get(r, "postgres.failover.failover_s"),
         "{:.2f} s" + f" (lease {_get(r, 'postgres.failover.lease_s')} s)",

@@ -35,7 +35,7 @@ class ClusterWorker:
         self.cluster = ClusterStore(store, lease=lease, channels=channels)
         self.bus = bus
         self.manager = manager
-        self.taking_work = False
+        self._taking_work = False
         self.problem: str | None = None
         self.claimed = 0
         self.members: list[dict[str, Any]] = []
@@ -66,6 +66,20 @@ class ClusterWorker:
     def me(self) -> str:
         return self.cluster.me
 
+    @property
+    def taking_work(self) -> bool:
+        return self._taking_work
+
+    @taking_work.setter
+    def taking_work(self, taking: bool) -> None:
+        """While it takes work (and is not stopping) the process claims the messages it stores
+        for the chats it holds as it stores them (``PgStore.inbox_take``)."""
+        self._taking_work = taking
+        store = self.cluster.store
+        store.claimer = self.me if taking and not self._closing else None
+        store.takes_free = frozenset(name for name, channel in self.manager.channels.items()
+                                     if isinstance(channel, LocalChannel | WebchatChannel))
+
     async def start(self) -> None:
         asked = asyncio.get_running_loop().time()
         await self.cluster.join()
@@ -85,6 +99,7 @@ class ClusterWorker:
         peer leaving wakes this process; it must not take the schedules while it stops). The
         lease is still renewed while the turns in hand finish."""
         self._closing = True
+        self.cluster.store.claimer = None
         for task in self._claiming:
             task.cancel()
         await asyncio.gather(*self._claiming, return_exceptions=True)
@@ -167,8 +182,10 @@ class ClusterWorker:
             await self.manager.resend(claimed.outbound)
 
     async def _listen(self) -> None:
-        async for channel, payload in self.cluster.notifications():
+        async for channel, payload, mine in self.cluster.notifications():
             if channel in ("parley_local", "parley_webchat"):
+                if mine:  # its own reply: the channel read it as it stored it (no second read)
+                    continue
                 self._replies.add((channel, payload))
                 self._replied.set()
             else:

@@ -130,14 +130,14 @@ class MessageBus:
         """Store and queue ``msg``; False (and nothing queued) for a duplicate."""
         if self._closed:
             raise BusClosed("the gateway is shutting down")
-        if self._store is not None and not await self._stored(msg):
+        stored, here = (True, True) if self._store is None else await self._stored(msg)
+        if not stored:
             self.duplicates += 1
             _log.info("ignored a repeat of %s message %s in chat %s", msg.channel,
                       msg.message_id, msg.chat_id)
             return False
-        if self._store is not None and self._store.claims_inbound:
-            return True  # stored; the process holding its chat claims it (gateway/cluster.py)
-        await self.enqueue_claimed(msg)
+        if here:  # not: stored, and the process holding its chat claims it (gateway/cluster.py)
+            await self.enqueue_claimed(msg)
         return True
 
     async def enqueue_claimed(self, msg: InboundMessage) -> None:
@@ -145,10 +145,10 @@ class MessageBus:
         self.last_inbound[msg.channel] = utcnow()
         await self._inbound.put(msg)
 
-    async def _stored(self, msg: InboundMessage) -> bool:
+    async def _stored(self, msg: InboundMessage) -> tuple[bool, bool]:
         assert self._store is not None
         try:
-            return await self._store.inbox_add(msg)
+            return await self._store.inbox_take(msg)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -2,7 +2,8 @@
 processes on one database, chosen by ``database: postgresql://...`` in the config.
 
 Shaped like the SQLite side so the tables' modules run unchanged: one psycopg connection used
-from one thread (as aiosqlite does), ``_write(fn)`` runs a whole transaction there in one hop,
+from one thread (as aiosqlite does), ``_write(fn)`` runs a whole transaction there in one hop
+(with the writes queued meanwhile: group commit, as on SQLite),
 ``transaction()`` yields a connection whose ``execute`` is awaitable and an async context
 manager, like aiosqlite's. Statements are rewritten once per text by ``store_sql.to_postgres``.
 """
@@ -14,11 +15,13 @@ import logging
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Self, TypeVar
 
 import psycopg
 
-from gateway.kernel.store_queues import QueueTables
+from gateway.kernel.events import InboundMessage
+from gateway.kernel.store_queues import QueueTables, inbox_row
 from gateway.kernel.store_schema import CORE
 from gateway.kernel.store_search import SearchTables
 from gateway.kernel.store_sessions import SessionTables
@@ -28,6 +31,36 @@ from gateway.kernel.store_usage import UsageTables
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+
+_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+_LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
+_TAKE_AT_INSERT = (
+    "WITH m (channel, chat_id, message_id, payload, received_at, me, take_free) AS "
+    "(VALUES (?, ?, ?, ?, ?, ?, ?::boolean)), "
+    f"me AS (SELECT p.id FROM cluster_processes p, m WHERE p.id = m.me AND p.expires_at > {_NOW}), "
+    "lease AS (INSERT INTO chat_leases (channel, chat_id, holder, since) "
+    f"SELECT m.channel, m.chat_id, me.id, {_NOW} FROM m, me WHERE CASE WHEN m.take_free "
+    "THEN NOT EXISTS (SELECT 1 FROM chat_leases l WHERE l.channel = m.channel "
+    f"AND l.chat_id = m.chat_id AND l.holder <> me.id AND l.holder IN ({_LIVE})) "
+    "ELSE EXISTS (SELECT 1 FROM chat_leases l WHERE l.channel = m.channel "
+    "AND l.chat_id = m.chat_id AND l.holder = me.id) END "
+    "ON CONFLICT (channel, chat_id) DO UPDATE SET holder = EXCLUDED.holder, "
+    "since = EXCLUDED.since WHERE chat_leases.holder = EXCLUDED.holder "
+    f"OR chat_leases.holder NOT IN ({_LIVE}) RETURNING holder) "
+    "INSERT INTO inbox (channel, chat_id, message_id, payload, received_at, claimed_by) "
+    "SELECT m.channel, m.chat_id, m.message_id, m.payload, m.received_at, (SELECT holder "
+    "FROM lease WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.channel = m.channel "
+    "AND i.chat_id = m.chat_id AND i.status = 'pending' "
+    "AND i.claimed_by IS DISTINCT FROM lease.holder)) FROM m "
+    "ON CONFLICT DO NOTHING RETURNING claimed_by")
+"""An inbound message stored and, in the same statement, claimed by the process storing it
+when that process is alive and holds the chat's lease, or (``take_free``: a channel every
+process receives, so where a chat's messages arrive spreads the chats) can take it: no other
+live holder; a chat another live process holds is not even tried, so its lease row is never
+locked here. And only when no earlier message of the chat waits unclaimed or claimed by
+another (it would be answered after this one). Otherwise it is stored unclaimed and
+``NOTIFY parley_inbox`` (the cluster's trigger) wakes the claim rounds, which take a chat's
+messages in order."""
 
 
 class Cursor:
@@ -149,6 +182,14 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
 
     dialect = "postgresql"
     claims_inbound = True
+    claimer: str | None = None
+    """This process's id in the cluster while it takes work (``gateway/cluster.py``): what it
+    stores it may claim at once (``inbox_take``). None: every message is left to the claims."""
+    takes_free: frozenset[str] = frozenset()
+    """Channels whose new chats the storing process takes as it stores their first message:
+    those every process receives (the local channel, WebChat). A platform one process polls
+    (a leader lease) would otherwise gather all its chats there; its new chats are left to the
+    claim rounds, which spread them."""
     trigram = False
     search_mode = "like"
 
@@ -159,6 +200,8 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         self.url = url
         self.target = hide_password(url)
         self._write_lock = asyncio.Lock()
+        self._queued: list[Any] = []  # Database._write's group commit
+        self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self.problem: str | None = None
         self._texts_known: set[str] = set()  # LayerTexts' (store_snapshots): its __init__ is
@@ -202,12 +245,47 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
             _log.warning("PostgreSQL at %s: connected again", self.target)
         return fn(self._sync)
 
-    async def _write(self, fn: Callable[[Any], T]) -> T:
-        def in_transaction(c: SyncConnection) -> T:
+    # ``_write`` is ``Database._write``: group commit, the writes that queue while one
+    # transaction runs go together in the next (one BEGIN…COMMIT, one thread hop, a round trip
+    # for each instead of three), each caller answered only after that COMMIT.
+
+    async def _run_batch(self, batch: list[Any]) -> None:
+        """Every write of ``batch`` in one transaction; when one of them raised (a constraint,
+        the inbox fence, a deadlock the server broke) the whole is rolled back and each runs
+        alone, so another's write never fails for it. When the connection was lost the batch
+        fails as a whole: whether its COMMIT landed is unknown, and running it again could
+        store it twice."""
+        for entry in await self._call(lambda c: self._batch_in_transaction(c, batch)):
+            try:
+                entry.result = await self._call(partial(self._in_transaction, fn=entry.fn))
+                entry.error = None
+            except Exception as exc:
+                entry.error = exc
+
+    def _in_transaction(self, c: SyncConnection, fn: Callable[[Any], T]) -> T:
+        with self._conn.transaction():
+            return fn(c)
+
+    def _batch_in_transaction(self, c: SyncConnection, batch: list[Any]) -> list[Any]:
+        """On the store's thread: the ones to run alone (all of them) when the batch failed."""
+        if len(batch) == 1:
+            try:
+                batch[0].result = self._in_transaction(c, batch[0].fn)
+            except Exception as exc:
+                batch[0].error = exc
+            return []
+        try:
             with self._conn.transaction():
-                return fn(c)
-        async with self._write_lock:
-            return await self._call(in_transaction)
+                results = [entry.fn(c) for entry in batch]
+        except Exception as exc:
+            if not (self._conn.closed or self._conn.broken):
+                return batch
+            for entry in batch:
+                entry.error = exc
+            return []
+        for entry, result in zip(batch, results, strict=True):
+            entry.result = result
+        return []
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -238,6 +316,19 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         """``VACUUM (ANALYZE)`` outside a transaction (``parley db vacuum``)."""
         async with self._write_lock:
             await self._call(lambda c: c.execute("VACUUM (ANALYZE)"))
+
+    async def inbox_take(self, msg: InboundMessage) -> tuple[bool, bool]:
+        """Store an inbound message, claimed here at once when this process holds its chat
+        (``_TAKE_AT_INSERT``): no wake-up of every process, no claim round, no second
+        transaction for most messages. (stored, claimed here)."""
+        me = self.claimer
+        if me is None:
+            return await super().inbox_take(msg)
+        channel, chat, message_id, payload, received = inbox_row(msg)
+        params = (channel, chat, message_id, payload, received, me,
+                  channel in self.takes_free)
+        row = await self._write(lambda db: db.execute(_TAKE_AT_INSERT, params).fetchone())
+        return row is not None, row is not None and row[0] is not None
 
     def check_file(self) -> str | None:
         """SQLite's check that its file is still there; a lost connection shows in the

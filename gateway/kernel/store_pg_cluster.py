@@ -13,8 +13,10 @@ claiming work so each inbound message is taken once and each chat's turns run in
 - A reply is written (``outbox.claimed_by`` defaults to the writing process, from the
   session setting ``parley.process``) and delivered by that process; a dead process's
   undelivered replies are claimed by a survivor.
-- An inserted inbox row wakes every process through ``NOTIFY parley_inbox`` (a trigger); there
-  is no polling loop. A survivor also wakes when a peer's lease runs out.
+- The process storing an inbound message claims it in the same statement when it holds the
+  chat or can take it (``PgStore.inbox_take``: most messages, no claim round). A row stored
+  unclaimed wakes every process through ``NOTIFY parley_inbox`` (a trigger); there is no
+  polling loop. A survivor also wakes when a peer's lease runs out.
 
 The SQLite store needs none of this (one process): its twin of these tables is empty.
 """
@@ -33,7 +35,7 @@ from typing import Any
 import psycopg
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
-from gateway.kernel.store_pg import PgStore
+from gateway.kernel.store_pg import _LIVE, _NOW, PgStore
 from gateway.kernel.store_queues import PendingOutbound
 from gateway.kernel.store_sql import Migration, TableSet, register
 
@@ -84,11 +86,19 @@ CREATE OR REPLACE TRIGGER inbox_fence BEFORE UPDATE OF status ON inbox
 """``inbox_fence``: a turn's write (one transaction) fails whole when its message was claimed
 by another process meanwhile (this one was given up for dead): never answered twice."""
 
-CLUSTER = register(TableSet("cluster", (Migration(1, "", _SCHEMA_PG),), ()))
+_WAKE_ON_UNCLAIMED = """
+DROP TRIGGER IF EXISTS inbox_notify ON inbox;
+CREATE TRIGGER inbox_notify AFTER INSERT ON inbox FOR EACH ROW
+    WHEN (NEW.claimed_by IS NULL) EXECUTE FUNCTION parley_inbox_notify();
+"""
+"""Version 2: a message claimed as it was stored (``PgStore.inbox_take``) wakes nobody; the
+others still wake every process once per transaction (one notification: PostgreSQL folds
+the same channel and payload sent twice in a transaction)."""
+
+CLUSTER = register(TableSet("cluster", (Migration(1, "", _SCHEMA_PG),
+                                        Migration(2, "", _WAKE_ON_UNCLAIMED)), ()))
 """Only PostgreSQL has these (SQLite runs one process); nothing in them is copied."""
 
-_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
-_LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
 _CANDIDATES = (
     "SELECT DISTINCT i.channel, i.chat_id, EXISTS (SELECT 1 FROM chat_leases l "
     "WHERE l.channel = i.channel AND l.chat_id = i.chat_id AND l.holder <> ? "
@@ -247,14 +257,16 @@ class ClusterStore:
         await self._listen.execute("LISTEN parley_local")
         await self._listen.execute("LISTEN parley_webchat")
 
-    async def notifications(self) -> AsyncIterator[tuple[str, str]]:
-        """(channel, payload) each time a process (this one too) stored an inbound message
+    async def notifications(self) -> AsyncIterator[tuple[str, str, bool]]:
+        """(channel, payload, mine) each time a process stored an inbound message
         (``parley_inbox``), a local channel's reply (``parley_local``, its chat) or a WebChat
-        answer (``parley_webchat``, its chat). One
-        generator for the connection's life: none is missed between two waits."""
+        answer (``parley_webchat``, its chat); ``mine``: this process's store connection
+        sent it (the server's backend pid says so). One generator for the connection's
+        life: none is missed between two waits."""
         assert self._listen is not None
         async for note in self._listen.notifies():
-            yield note.channel, note.payload
+            conn = self.store._conn
+            yield note.channel, note.payload, not conn.closed and note.pid == conn.info.backend_pid
 
     async def close(self) -> None:
         for conn in (self._listen, self._beat):

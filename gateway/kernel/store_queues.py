@@ -44,6 +44,12 @@ def outbox_row(msg: OutboundMessage, expires_at: datetime) -> tuple[Any, ...]:
             iso(msg.created_at), iso(expires_at))
 
 
+def inbox_row(msg: InboundMessage) -> tuple[str, str, str, str, str]:
+    """(channel, chat_id, message_id, payload, received_at) as the inbox stores them."""
+    return (msg.channel, msg.chat_id, msg.message_id, dump_json(event_to_dict(msg)),
+            iso(msg.received_at))
+
+
 class QueueTables(Database):
     """The inbox (inbound messages until answered) and the outbox (replies until delivered)."""
 
@@ -51,11 +57,17 @@ class QueueTables(Database):
 
     async def inbox_add(self, msg: InboundMessage) -> bool:
         """Store an inbound message; False when this channel message was stored before."""
-        row = (msg.channel, msg.chat_id, msg.message_id, dump_json(event_to_dict(msg)),
-               iso(msg.received_at))
+        row = inbox_row(msg)
         return await self._write(lambda db: db.execute(
             "INSERT OR IGNORE INTO inbox (channel, chat_id, message_id, payload, received_at) "
             "VALUES (?, ?, ?, ?, ?)", row).rowcount == 1)
+
+    async def inbox_take(self, msg: InboundMessage) -> tuple[bool, bool]:
+        """Store an inbound message: (stored, queued here). One process (SQLite) queues what
+        it stores; on PostgreSQL ``PgStore.inbox_take`` claims it in the same statement when
+        this process holds its chat, else the chat's holder claims it."""
+        stored = await self.inbox_add(msg)
+        return stored, stored and not self.claims_inbound
 
     async def finish_inbound(self, done: list[InboundMessage],
                              outbound: list[tuple[OutboundMessage, datetime]]) -> None:

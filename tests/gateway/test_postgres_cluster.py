@@ -161,3 +161,26 @@ async def test_a_leader_whose_renewals_hang_gives_up_before_another_takes_over(
         for worker in (a, b):
             await worker.stop()
             await worker.cluster.store.close()
+
+
+async def test_a_notification_says_whether_this_process_sent_it(postgres_url: str) -> None:
+    """A reply this process stored was read as it was stored: its own ``NOTIFY`` is told
+    apart from another process's (no second read of the reply log per turn)."""
+    from gateway.kernel.store import Store
+    from gateway.kernel.store_pg_cluster import ClusterStore
+
+    store = await Store.open(postgres_url)
+    cluster = ClusterStore(cast(Any, store), lease=30.0, channels=["local"])
+    await cluster.listen()
+    try:
+        heard = cluster.notifications()
+        await store.write(lambda db: db.execute("SELECT pg_notify('parley_local', 'c1')"))
+        async with await psycopg.AsyncConnection.connect(postgres_url,
+                                                         autocommit=True) as other:
+            await other.execute("SELECT pg_notify('parley_local', 'c2')")
+        async with asyncio.timeout(30):  # a bound only: both always come
+            assert await anext(heard) == ("parley_local", "c1", True)
+            assert await anext(heard) == ("parley_local", "c2", False)
+    finally:
+        await cluster.close()
+        await store.close()
