@@ -62,6 +62,8 @@ class _Queued:
 
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+    slow: bool = False
+    """May take long (a backfill, a retention pass): its batch runs on the database thread."""
     result: Any = None
     error: BaseException | None = None
 
@@ -253,7 +255,7 @@ class Database:
             return failed
         return exc
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _write(self, fn: Callable[[sqlite3.Connection], T], *, slow: bool = False) -> T:
         """Run ``fn`` in a transaction on the database thread, one thread hop for the whole of
         it (uses aiosqlite's ``_execute``/``_conn``; the version is pinned).
 
@@ -264,7 +266,7 @@ class Database:
         write never fails for it. A caller cancelled before its batch starts is left out; one
         cancelled later does not stop it (as a cancel during a COMMIT never could)."""
         loop = asyncio.get_running_loop()
-        entry = _Queued(fn, loop.create_future())
+        entry = _Queued(fn, loop.create_future(), slow)
         self._queued.append(entry)
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())
@@ -322,9 +324,10 @@ class Database:
         return alone
 
     def _batch_now(self, batch: list[_Queued]) -> list[_Queued] | None:
-        """``batch`` on the event loop's connection, or None when the database is busy."""
-        if self._now is None:
-            return None
+        """``batch`` on the event loop's connection, or None: the database is busy, or a write
+        in it may take long (``slow``: it goes to the database thread, the loop goes on)."""
+        if self._now is None or any(entry.slow for entry in batch):
+            return None  # the loop does not wait for it
         try:
             self._now.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:

@@ -283,10 +283,10 @@ def policy_of(config: RetentionConfig) -> Policy:
 async def prune_store(db: Database, policy: Policy, now: datetime) -> Pass:
     """One batch of every rule in one short write transaction of the gateway's connection
     (the same lock as a turn's writes: a turn waits at most for one batch)."""
-    return await db._write(lambda conn: prune_once(conn, policy, now))
+    return await db._write(lambda conn: prune_once(conn, policy, now), slow=True)
 
 
 async def stats_store(db: Database) -> dict[str, Any]:
     """``stats`` over the gateway's own connection (how ``parley db stats`` reads
     PostgreSQL)."""
-    return await db._write(stats)
+    return await db._write(stats, slow=True)

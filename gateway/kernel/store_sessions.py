@@ -244,7 +244,7 @@ class SessionTables(LayerTexts):
             db.execute("INSERT INTO search_backfill (done) VALUES (1)")
             return count
 
-        return await self._write(fill)
+        return await self._write(fill, slow=True)
 
     async def last_turn(self, session_id: int) -> tuple[str, str | None] | None:
         """(status, error) of the session's last finished turn (chatter kept as context

@@ -122,3 +122,17 @@ async def test_the_log_is_copied_into_the_database_file_off_the_loop(
     assert store._checkpoint is not None
     await store._checkpoint
     assert main_file_rows()[-3:] == [31, 32, 33]
+
+
+async def test_a_long_write_runs_on_the_database_thread(store: Store) -> None:
+    """A backfill or a retention pass (``slow``) would stop every chat while it ran on the
+    loop's connection: it runs on the thread's, and the loop's sees none of it."""
+    on_loop: list[str] = []
+    on_thread: list[str] = []
+    assert store._now is not None
+    store._now.set_trace_callback(on_loop.append)
+    await store._db.set_trace_callback(on_thread.append)
+    assert await store._write(insert(40), slow=True) == 40
+    assert await store.write(insert(41)) == 41
+    assert [s for s in on_thread if "INSERT" in s] == ["INSERT INTO t (x) VALUES (40)"]
+    assert [s for s in on_loop if "INSERT" in s] == ["INSERT INTO t (x) VALUES (41)"]
