@@ -103,8 +103,8 @@ def _now_connection(path: Path) -> sqlite3.Connection:
     checkpoints (that writes the database file and syncs it: done on the thread instead)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        for pragma in ("busy_timeout=0", "synchronous=NORMAL", "foreign_keys=ON", "cache_size=-1024",
-                       "wal_autocheckpoint=0"):
+        for pragma in ("busy_timeout=0", "synchronous=NORMAL", "foreign_keys=ON",
+                       "cache_size=-1024", "wal_autocheckpoint=0"):
             conn.execute(f"PRAGMA {pragma}")
     except BaseException:
         conn.close()
