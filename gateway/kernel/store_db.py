@@ -256,8 +256,9 @@ class Database:
         return exc
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T], *, slow: bool = False) -> T:
-        """Run ``fn`` in a transaction on the database thread, one thread hop for the whole of
-        it (uses aiosqlite's ``_execute``/``_conn``; the version is pinned).
+        """Run ``fn`` in a transaction: on the event loop's connection, with no thread hop; on
+        the database thread when another process holds the lock or ``slow`` says it may take
+        long (aiosqlite's ``_execute``/``_conn``; the version is pinned).
 
         Group commit: the writes that queue up while one transaction runs go together in the
         next (one BEGIN…COMMIT, one hop), which is most of a busy gateway's writes. Each
