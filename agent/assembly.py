@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.budget import WINDOW_KEY, TokenCounter, WindowPlan, WindowTooSmall
 from agent.context import BuiltContext, ContextBuilder, TurnState
-from agent.history import HistoryCache
+from agent.history import SESSIONS_KEPT, HistoryCache
 from agent.model_choice import ModelChoice
 from agent.provider import Provider, context_window
 from agent.runner import TurnBudget
@@ -128,7 +128,9 @@ class ContextAssembly:
                if m.role == "assistant" for c in m.body.get("tool_calls") or ()}
         if new - called:
             called = frozenset(called | new)
-        if len(self._called) >= 1024:
+        # bounded like the history cache: a session it no longer holds reads its whole
+        # history anew, beside which one scan of it costs little
+        if len(self._called) >= 2 * SESSIONS_KEPT:
             self._called.clear()
         self._called[history[0].id] = (len(history), history[-1].id, called)
         return called
