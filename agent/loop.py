@@ -45,6 +45,7 @@ from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import Config, ConfigError
 from gateway.kernel.events import ChatActivity, InboundMessage
 from gateway.kernel.store import Store
+from gateway.kernel.store_db import MessageTakenOver
 from gateway.kernel.tasks import TaskSet
 from gateway.kernel.values import ChannelHints
 
@@ -240,6 +241,9 @@ class AgentLoop:
                 await self.turns.run(work, lane)
         except asyncio.CancelledError:
             raise
+        except MessageTakenOver:  # several processes: this one was given up for dead
+            _log.warning("turn for %s not stored: another process took its message over and "
+                         "answers it", msg.session_key)
         except Exception as exc:
             _log.exception("turn for %s failed", msg.session_key)
             self.stats.error(f"{type(exc).__name__}: {exc}")

@@ -42,6 +42,11 @@ class StoreUnavailable(Exception):
     """Nothing can be stored: the database file is gone, replaced, read-only or the disk full."""
 
 
+class MessageTakenOver(Exception):
+    """The message a write answers was claimed by another process meanwhile (this one was given
+    up for dead): that process answers it, and nothing of this write was stored."""
+
+
 def iso(ts: datetime | None = None) -> str:
     """A timestamp as stored: ISO 8601, now when not given."""
     return (ts or utcnow()).isoformat()

@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 import psycopg
 
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.store_db import MessageTakenOver
 from gateway.kernel.store_queues import QueueTables, inbox_row
 from gateway.kernel.store_schema import CORE
 from gateway.kernel.store_search import SearchTables
@@ -31,6 +32,10 @@ from gateway.kernel.store_usage import UsageTables
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+
+_FENCED = "no longer holds this message"
+"""What ``parley_inbox_fence`` (``store_pg_cluster``) raises with: a turn's write for a message
+another process took over."""
 
 _NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 _LIVE = f"SELECT id FROM cluster_processes WHERE expires_at > {_NOW}"
@@ -261,6 +266,9 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
                 entry.error = None
             except Exception as exc:
                 entry.error = exc
+        for entry in batch:  # the inbox fence (store_pg_cluster): said as what it means
+            if entry.error is not None and _FENCED in str(entry.error):
+                entry.error = MessageTakenOver(str(entry.error).splitlines()[0])
 
     def _in_transaction(self, c: SyncConnection, fn: Callable[[Any], T]) -> T:
         with self._conn.transaction():
