@@ -20,6 +20,7 @@ from agent.runner import shortened_result
 from agent.snapshots import call_hash
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.snapshot_frame import RUNTIME_TIME, join_time
 from gateway.kernel.store import Store
 from gateway.kernel.values import ChannelHints
 
@@ -70,7 +71,8 @@ async def replay(store: Store, config: Config, session_id: int,
         base = [system, turn[0][1]] if turn else [system]
     else:
         base = await _turn_base(store, config, session_id, snapshot, system,
-                                stored[texts["runtime"]])
+                                join_time(stored[texts["runtime"]],
+                                          snapshot.get(RUNTIME_TIME)))
     digest = context_hash(base, like=snapshot["hash"])
     added = [body for _, body in turn[1:]]
     entries = snapshot.get("calls") or [{"added": 0, "shortened": [], "hash": snapshot["hash"]}]

@@ -21,6 +21,12 @@ from gateway.kernel.events import InboundMessage
 
 FRAME = "frame"
 """The key naming the frame's hash in a stored snapshot."""
+RUNTIME_TIME = "runtime_time"
+"""The runtime block's time, when ``texts.runtime`` names its template (``join_time``)."""
+_TIME = "\nTime: "
+TIME_MARK = "\x1e"
+"""Where a runtime block's template had its time (the record separator: no text has it, and
+PostgreSQL takes it in text, unlike NUL)."""
 FRAME_TOP = ("session_key", "trust", "model", "owner_files", "memory_scopes",
              "max_context_tokens")
 FRAME_INPUTS = ("snippet_cap", "hints", "tools_tokens", "model", "chat_prompt")
@@ -73,9 +79,19 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
             frame["inbound"] = {k: inbound.pop(k) for k in FRAME_INBOUND if k in inbound}
             row["inputs"]["inbound"] = inbound
     named = snapshot.get("texts")
+    stored = dict(texts or {})
     if isinstance(named, dict) and "system" in named:
         frame["system"] = named["system"]
         row["texts"] = {k: v for k, v in named.items() if k != "system"}
+        runtime = row["texts"].get("runtime")
+        split = split_time(stored[runtime]) if runtime in stored else None
+        if split is not None:  # the template once (by its hash), the time in the row
+            template, when = split
+            shared = hashlib.sha256(template.encode()).hexdigest()
+            del stored[runtime]
+            stored[shared] = template
+            row["texts"]["runtime"] = shared
+            row[RUNTIME_TIME] = when
     present = {}
     for where, defaults in _LEFT_OUT.items():
         part = row if not where else row.get(where)
@@ -98,7 +114,27 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
     text = _dump(frame)
     digest = hashlib.sha256(text.encode()).hexdigest()
     row[FRAME] = digest
-    return row, {**(texts or {}), digest: text}
+    return row, {**stored, digest: text}
+
+
+def split_time(text: str) -> tuple[str, str] | None:
+    """(template, time) of a runtime block: its ``Time:`` line changes every second, the rest
+    hardly ever, so the template is stored once and each turn keeps only its time. None for
+    a text without that line (or too short to be worth it)."""
+    at = text.find(_TIME)
+    if at < 0 or TIME_MARK in text or len(text) < 120:
+        return None
+    start = at + len(_TIME)
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    return text[:start] + TIME_MARK + text[end:], text[start:end]
+
+
+def join_time(template: str, when: str | None) -> str:
+    """``split_time`` undone (a text stored whole, ``when`` None, is returned as it is)."""
+    if when is None:
+        return template
+    return template.replace(_TIME + TIME_MARK, _TIME + when, 1)
 
 
 def frames_of(rows: list[dict[str, Any]]) -> list[str]:
@@ -187,16 +223,20 @@ _DICTIONARIES = {PACKED_V1: (
     b'"texts":{"runtime":""},"inputs":{"inbound":{"text":"","message_id":"",'
     b'"received_at":"2026-01-01T00:00:00.000000+00:00"},"history_ids":[1,],"kept_ids":[1,]},'
     b'"calls":[{}],"frame":""}')}
+PACKED_V2 = 2
+_DICTIONARIES[PACKED_V2] = _DICTIONARIES[PACKED_V1] + (
+    b'"runtime_time":"2026-01-01 00:00:00 UTC (UTC+0000), Wednesday","frame":""}')
 """What most rows share, for zlib to refer to: the keys in their usual order (the most
-common last, nearest), so a row stores little more than its values."""
+common last, nearest), so a row stores little more than its values. Version 2 adds the
+runtime block's time (``RUNTIME_TIME``)."""
 
 
 def pack(text: str) -> bytes:
     """A row's JSON as SQLite stores it: deflated against a preset dictionary (a plain
     turn's 520 bytes take ~200; ~7 µs). PostgreSQL keeps the text (it reads it as JSON)."""
     packer = zlib.compressobj(6, zlib.DEFLATED, -11, 4, zlib.Z_DEFAULT_STRATEGY,
-                              _DICTIONARIES[PACKED_V1])
-    return bytes((PACKED_V1,)) + packer.compress(text.encode()) + packer.flush()
+                              _DICTIONARIES[PACKED_V2])
+    return bytes((PACKED_V2,)) + packer.compress(text.encode()) + packer.flush()
 
 
 def unpack(stored: str | bytes) -> str:

@@ -7,13 +7,19 @@ because only inspection reads them, never a turn.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from gateway.kernel.secrets import SECRETS
-from gateway.kernel.snapshot_frame import expand, frames_of, unpack, with_columns
+from gateway.kernel.snapshot_frame import (
+    TIME_MARK,
+    expand,
+    frames_of,
+    join_time,
+    unpack,
+    with_columns,
+)
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_sql import twin
 
@@ -32,22 +38,10 @@ KNOWN_TEXTS = 10_000
 """Hashes remembered as written (a turn's system layers are skipped without a statement)."""
 
 
-_TIME = "\nTime: "
-_POINTER = "\x1e"
-"""A stored text that starts with it (the record separator: no layer text has it, and
-PostgreSQL takes it in text, unlike NUL) is a runtime block's time and its template's hash."""
-
-
-def _split_time(text: str) -> tuple[str, str] | None:
-    """(template, time) of a text with a ``Time:`` line (the runtime block: the same, bar its
-    time, turn after turn; stored once as a template, each turn keeping only its time)."""
-    at = text.find(_TIME)
-    if at < 0 or _POINTER in text or len(text) < 120:
-        return None
-    start = at + len(_TIME)
-    end = text.find("\n", start)
-    end = len(text) if end < 0 else end
-    return text[:start] + _POINTER + text[end:], text[start:end]
+_POINTER = TIME_MARK
+"""A stored text that starts with it is a runtime block's time and its template's hash: how
+rows written between the runtime templates' first form and their move into the snapshot row
+(``snapshot_frame.split_time``) held it; still read."""
 
 
 class LayerTexts(Database):
@@ -64,32 +58,18 @@ class LayerTexts(Database):
             return []
         if len(self._texts_known) > KNOWN_TEXTS:
             self._texts_known.clear()
-        rows: dict[str, str] = {}
-        for digest, text in texts.items():
-            if digest in self._texts_known:
-                continue
-            text = SECRETS.redact(text)
-            split = _split_time(text)
-            if split is None:
-                rows[digest] = text
-                continue
-            template, when = split
-            shared = hashlib.sha256(template.encode()).hexdigest()
-            if shared not in self._texts_known:
-                rows[shared] = template
-            rows[digest] = f"{_POINTER}{shared}{_POINTER}{when}"
-        return list(rows.items())
+        return [(h, SECRETS.redact(t)) for h, t in texts.items() if h not in self._texts_known]
 
     async def layer_texts(self, hashes: list[str]) -> dict[str, str]:
-        """The stored texts of ``hashes`` (those found), a runtime block's put back together
-        from its shared template and its time."""
+        """The stored texts of ``hashes`` (those found; a runtime block kept as a pointer to
+        its template put back together)."""
         out = await self._texts(hashes)
         pointed = {h: t[1:].split(_POINTER, 1) for h, t in out.items() if t[:1] == _POINTER}
         if pointed:
             templates = await self._texts([shared for shared, _ in pointed.values()])
             for digest, (shared, when) in pointed.items():
                 if shared in templates:
-                    out[digest] = templates[shared].replace(_TIME + _POINTER, _TIME + when, 1)
+                    out[digest] = join_time(templates[shared], when)
                 else:
                     del out[digest]
         return out

@@ -9,7 +9,17 @@ from typing import Any
 
 from gateway.app import Gateway
 from gateway.kernel.events import InboundMessage, event_to_dict
-from gateway.kernel.snapshot_frame import FRAME, expand, fold, pack, unpack
+from gateway.kernel.snapshot_frame import (
+    FRAME,
+    RUNTIME_TIME,
+    TIME_MARK,
+    expand,
+    fold,
+    join_time,
+    pack,
+    split_time,
+    unpack,
+)
 from tests.conftest import MakeConfig
 from tests.fakes.openai_server import ScriptedLLM
 
@@ -113,31 +123,57 @@ def test_a_packed_row_reads_back_as_its_text_and_text_rows_as_they_are() -> None
               '{"inbound":{"text":"héllo","message_id":"f6ba"},"history_ids":[1,398]},'
               '"calls":[{}],"frame":"eafde071"}')
     packed = pack(detail)
-    assert packed[0] == 1 and len(packed) < len(detail) / 2
+    assert packed[0] == 2 and len(packed) < len(detail) / 2
     assert unpack(packed) == detail and unpack(detail) == detail  # older rows: text
+    import zlib
+
+    from gateway.kernel import snapshot_frame
+
+    first = zlib.compressobj(6, zlib.DEFLATED, -11, 4, zlib.Z_DEFAULT_STRATEGY,
+                             snapshot_frame._DICTIONARIES[1])  # a row of the first version
+    assert unpack(b"\x01" + first.compress(detail.encode()) + first.flush()) == detail
 
 
-async def test_runtime_blocks_differing_in_their_time_share_one_stored_template(
-        tmp_path: Path) -> None:
+def _runtime(when: str) -> str:
+    return ("[Runtime Context — metadata only, not instructions]\n"
+            f"Time: {when} UTC (UTC+0000), Wednesday\nChannel: local\nChat ID: c1\n"
+            "Sender: bench\nSender trust: owner\nModel: openai/test\nLast turn: done\n")
+
+
+def test_runtime_blocks_differing_in_their_time_share_one_template() -> None:
     """The runtime block names the time to the second: every turn's is new. Its template is
-    stored once; each turn's row keeps its time, and reads give the exact text back."""
+    stored once (by its hash); each turn's row keeps only its time, and joins back exactly."""
+    rows, stored = [], {}
+    for second in (1, 2):
+        text = _runtime(f"2026-11-25 15:22:0{second}")
+        snapshot = {"texts": {"system": [["SOUL.md", "s1"]], "runtime": f"h{second}"},
+                    "layers": {}}
+        row, texts = fold(snapshot, {f"h{second}": text, "s1": "be kind"})
+        rows.append(row)
+        stored.update(texts)
+        assert f"h{second}" not in texts  # the whole text is not stored
+        assert join_time(texts[row["texts"]["runtime"]], row[RUNTIME_TIME]) == text
+    assert rows[0]["texts"]["runtime"] == rows[1]["texts"]["runtime"]  # one template
+    assert [r[RUNTIME_TIME] for r in rows] == ["2026-11-25 15:22:01 UTC (UTC+0000), Wednesday",
+                                              "2026-11-25 15:22:02 UTC (UTC+0000), Wednesday"]
+    assert join_time("no time here", None) == "no time here"
+
+
+async def test_runtime_pointers_of_the_first_form_still_read_back(tmp_path: Path) -> None:
+    """Rows written while a runtime block's time was kept in ``layer_texts`` as a pointer to
+    its template read back as the whole text."""
     from gateway.kernel.store import Store
 
-    def runtime(when: str) -> str:
-        return ("[Runtime Context — metadata only, not instructions]\n"
-                f"Time: {when} UTC (UTC+0000), Wednesday\nChannel: local\nChat ID: c1\n"
-                "Sender: bench\nSender trust: owner\nModel: openai/test\nLast turn: done\n")
-
-    texts = {f"h{i}": runtime(f"2026-11-25 15:22:{i:02d}") for i in range(3)}
-    plain = {"p": "# Memory\n\n(Long-term facts worth remembering across conversations.)\n" * 3}
+    split = split_time(_runtime("2026-11-25 15:22:01"))
+    assert split is not None
+    template, when = split
     store = await Store.open(tmp_path / "parley.db")
     try:
-        rows = store._new_texts({**texts, **plain})
         await store.write(lambda db: db.executemany(
-            "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)", rows))
-        stored = dict(await store.fetchall("SELECT hash, text FROM layer_texts"))
-        assert len(stored) == 5  # one template, three times, the other text
-        assert all(len(stored[h]) < 120 < len(texts[h]) for h in texts)  # hash and time
-        assert await store.layer_texts([*texts, "p", "missing"]) == {**texts, **plain}
+            "INSERT INTO layer_texts (hash, text) VALUES (?, ?)",
+            [("t", template), ("h1", f"{TIME_MARK}t{TIME_MARK}{when}"),
+             ("h2", f"{TIME_MARK}gone{TIME_MARK}{when}")]))
+        assert await store.layer_texts(["h1", "h2"]) == {
+            "h1": _runtime("2026-11-25 15:22:01")}  # h2's template is missing: not found
     finally:
         await store.close()
