@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import re
 import zlib
 from typing import Any
 
@@ -24,6 +25,7 @@ FRAME = "frame"
 RUNTIME_TIME = "runtime_time"
 """The runtime block's time, when ``texts.runtime`` names its template (``join_time``)."""
 _TIME = "\nTime: "
+_CLOCK = re.compile(r"\d\d:\d\d(:\d\d)?")
 TIME_MARK = "\x1e"
 """Where a runtime block's template had its time (the record separator: no text has it, and
 PostgreSQL takes it in text, unlike NUL)."""
@@ -118,23 +120,27 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
 
 
 def split_time(text: str) -> tuple[str, str] | None:
-    """(template, time) of a runtime block: its ``Time:`` line changes every second, the rest
-    hardly ever, so the template is stored once and each turn keeps only its time. None for
-    a text without that line (or too short to be worth it)."""
+    """(template, time) of a runtime block: the time of day on its ``Time:`` line changes
+    every second, the rest (the date too) hardly ever, so the template is stored once and each
+    turn keeps only ``HH:MM:SS``. None for a text without that line (or too short to be worth
+    it)."""
     at = text.find(_TIME)
     if at < 0 or TIME_MARK in text or len(text) < 120:
         return None
     start = at + len(_TIME)
     end = text.find("\n", start)
     end = len(text) if end < 0 else end
-    return text[:start] + TIME_MARK + text[end:], text[start:end]
+    clock = _CLOCK.search(text, start, end)
+    if clock is None:
+        return None
+    return text[:clock.start()] + TIME_MARK + text[clock.end():], clock.group()
 
 
 def join_time(template: str, when: str | None) -> str:
     """``split_time`` undone (a text stored whole, ``when`` None, is returned as it is)."""
     if when is None:
         return template
-    return template.replace(_TIME + TIME_MARK, _TIME + when, 1)
+    return template.replace(TIME_MARK, when, 1)
 
 
 def frames_of(rows: list[dict[str, Any]]) -> list[str]:
@@ -226,17 +232,20 @@ _DICTIONARIES = {PACKED_V1: (
 PACKED_V2 = 2
 _DICTIONARIES[PACKED_V2] = _DICTIONARIES[PACKED_V1] + (
     b'"runtime_time":"2026-01-01 00:00:00 UTC (UTC+0000), Wednesday","frame":""}')
+PACKED_V3 = 3
+_DICTIONARIES[PACKED_V3] = _DICTIONARIES[PACKED_V1] + b'"runtime_time":"00:00:00","frame":""}'
 """What most rows share, for zlib to refer to: the keys in their usual order (the most
-common last, nearest), so a row stores little more than its values. Version 2 adds the
-runtime block's time (``RUNTIME_TIME``)."""
+common last, nearest), so a row stores little more than its values. Version 2 added the
+runtime block's time (``RUNTIME_TIME``) as a whole line's value, version 3 as the time of day
+it is now."""
 
 
 def pack(text: str) -> bytes:
     """A row's JSON as SQLite stores it: deflated against a preset dictionary (a plain
     turn's 520 bytes take ~200; ~7 µs). PostgreSQL keeps the text (it reads it as JSON)."""
     packer = zlib.compressobj(6, zlib.DEFLATED, -11, 4, zlib.Z_DEFAULT_STRATEGY,
-                              _DICTIONARIES[PACKED_V2])
-    return bytes((PACKED_V2,)) + packer.compress(text.encode()) + packer.flush()
+                              _DICTIONARIES[PACKED_V3])
+    return bytes((PACKED_V3,)) + packer.compress(text.encode()) + packer.flush()
 
 
 def unpack(stored: str | bytes) -> str:
