@@ -114,10 +114,15 @@ def checks(r: dict[str, Any]) -> list[Check]:
         if stored:
             add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "
                 f"{stored['all']:,} B)", stored["second_half"], "{:,.0f} B", "", None)
+            long = _get(r, f"turns.{kind}.kept_bytes_long")
             if "kept_second_half" in stored:
                 add("11", f"{kind}: of which kept past retention's hours (no inbox, outbox, "
-                    "local reply log)", stored["kept_second_half"], "{:,.0f} B",
-                    "≤ 1,536 B" if kind == "plain" else "",
+                    "local reply log), that half's 100 turns (±41 B a b-tree)",
+                    stored["kept_second_half"], "{:,.0f} B", "", None)
+            if long:
+                add("11", f"{kind}: kept past retention's hours per turn over the repeated "
+                    f"series ({long['turns']:,} turns: ±5 B a b-tree)", long["kept"],
+                    "{:,.0f} B", "≤ 1,536 B" if kind == "plain" else "",
                     (lambda v: v <= 1536) if kind == "plain" else None)
     for kind in ("plain", "tool"):
         change = _get(r, f"turns.{kind}.first_vs_last.change")

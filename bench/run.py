@@ -29,11 +29,11 @@ from bench import (
     stream_latency,
 )
 from bench.client import LocalClient, expect
-from bench.gateway_db import llm_latencies, split_by_compaction
+from bench.gateway_db import llm_latencies, split_by_compaction, table_bytes
 from bench.load import concurrent_chats
 from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pinning
 from bench.report import checks, noise, print_table, write_json
-from bench.turns import repeat_summary, series, split_by_model_call
+from bench.turns import kept_per_turn, repeat_summary, series, split_by_model_call
 
 SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream", "postgres")
 console = Console(stderr=True)
@@ -98,6 +98,29 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def reference_ms() -> float:
+    """How fast this machine runs plain Python today: the best of five runs of a fixed
+    workload (a loop, a dict, a JSON round trip), in ms. Absolute figures (CPU a turn,
+    turns/s) scale with it: the same commit's gateway CPU a turn was 2.4 times as much on
+    2026-11-27's machine as on 2026-11-25's, so runs of different days compare by it."""
+    import json
+
+    def work() -> None:
+        total, seen = 0, {}
+        for i in range(200_000):
+            total += i
+            seen[i & 1023] = total
+        for _ in range(200):
+            json.loads(json.dumps(seen))
+
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1000, 1)
+
+
 def machine() -> dict[str, Any]:
     def version(name: str) -> str | None:
         try:
@@ -113,6 +136,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "reference_ms": reference_ms(),
             "platform": platform.platform(), "code": str(ROOT),
             "versions": {n: version(n) for n in ("litellm", "aiohttp", "openai", "httpx",
                                                  "aiosqlite", "tiktoken")}}
@@ -155,8 +179,12 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 # else's work can sit on 10 of the last 20 turns of one series; the median
                 # of several series' changes is what the target is read against.
                 _say(f"2: {sizes.series_repeats - 1} more {kind} series of {sizes.turns}")
+                db = gateway.root / "data" / "parley.db"
+                before = table_bytes(db)
                 more = [await series(client, gateway, server, f"{chat}-{i}", prefix,
                                      sizes.turns) for i in range(1, sizes.series_repeats)]
+                turns[kind]["kept_bytes_long"] = kept_per_turn(
+                    before, table_bytes(db), (sizes.series_repeats - 1) * sizes.turns)
                 turns[kind]["first_vs_last_repeats"] = repeat_summary(
                     [turns[kind], *more])
                 replays[kind] = [r["body"] for r in server.recent_requests(
@@ -270,6 +298,7 @@ async def main_async(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_json(out, results)
     title = (f"Parley benchmarks ({results['mode']}, {results['machine']['cpus']} CPUs, "
+             f"reference workload {results['machine']['reference_ms']} ms, "
              f"{results['total_seconds']} s"
              + (f", transport {args.transport}" if args.transport != "auto" else "")
              + (", pinned: gateway on CPU " + ",".join(map(str, sorted(PINNING["gateway"])))

@@ -30,6 +30,7 @@ from typing import Any
 from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.snapshot_frame import history_from
 from gateway.kernel.store_db import Database
+from gateway.kernel.store_search import delete_rows
 from gateway.kernel.store_sql import twin
 
 Removed = dict[str, int]
@@ -135,11 +136,11 @@ def _remove_turns(conn: sqlite3.Connection, turns: list[str], done: Pass) -> Non
     else:
         marks = ",".join("?" * len(turns))
         ids = _ids(conn, f"SELECT id FROM messages WHERE turn_id IN ({marks})", tuple(turns))
-        for table, column in (("message_search", "rowid"), ("message_search_plain", "id")):
-            try:
-                done.add(table, _delete_ids(conn, table, column, ids))
-            except sqlite3.OperationalError:  # that index is not in this database
-                pass
+        if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'message_text'").fetchone():
+            # told each text it indexed, while the messages are still there to say it
+            done.add("message_text", delete_rows(conn, turns))
+        else:  # a SQLite without FTS5 trigrams: the plain table
+            done.add("message_search_plain", _delete_ids(conn, "message_search_plain", "id", ids))
     done.add("messages", _delete_ids(conn, "messages", "id", ids))
     done.add("context_snapshots", _delete_ids(conn, "context_snapshots", "turn_id", turns))
     done.add("turns", _delete_ids(conn, "turns", "id", turns))

@@ -145,8 +145,17 @@ SCHEMA_PG = postgres_ddl(SCHEMA).replace(
 for SQLite's INTEGER and REAL, timestamps kept as ISO text (compared as text, as on SQLite);
 ``context_snapshots.seq`` stands in for SQLite's ``rowid`` order."""
 
+TURN_TAGS = """
+ALTER TABLE turns ADD COLUMN chat TEXT;
+ALTER TABLE turns ADD COLUMN person TEXT;
+"""
+"""Version 2: whose a turn was, for session search (``store_search``): the chat
+(``channel:chat_id``) and the person it was for (``channel:sender_id``); both NULL for a turn
+whose messages are not indexed (a subagent's, a cron job's own). Kept once per turn, where the
+search index used to copy them (and each message's text) into every row of its own."""
+
 CORE = register(TableSet(
-    "core", (Migration(1, SCHEMA, SCHEMA_PG),),
+    "core", (Migration(1, SCHEMA, SCHEMA_PG), Migration(2, TURN_TAGS, TURN_TAGS)),
     tables=("sessions", "messages", "turns", "llm_calls", "limit_notices",
             "conversation_models", "context_snapshots", "layer_texts", "inbox", "outbox",
             "compactions"),

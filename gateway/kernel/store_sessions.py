@@ -19,7 +19,7 @@ from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
-from gateway.kernel.store_search import TRIGRAM, insert_sql
+from gateway.kernel.store_search import content_text, index_statements
 from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
 
 
@@ -91,13 +91,6 @@ class UsageTags:
     """``YYYY-MM-DD`` in ``agent.timezone``: the period of daily limits and totals."""
 
 
-def content_text(content: Any) -> str:
-    """A message's content as plain text: text parts joined, images as ``[image]``."""
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "[image]")) for p in content)
-    return str(content or "")
-
-
 INSERT_CALL = ("INSERT INTO llm_calls (turn_id, model, prompt_tokens, completion_tokens, "
                "latency_ms, attempts, created_at, session_id, person, chat, trust, cost, day, "
                "kind, audio_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -113,20 +106,6 @@ def _call_rows(session_id: int, turn_id: str, calls: list[LLMCallRecord],
              c.audio_seconds) for c in calls]
 
 
-def index_rows(ids: list[int], bodies: list[dict[str, Any]], chat: str,
-               person: str | None) -> list[tuple[int, str, str, str | None, str]]:
-    """Search index rows (id, text, chat, person, role) for the messages worth finding:
-    users' and the assistant's text, not tool results or bare tool calls."""
-    rows = []
-    for message_id, body in zip(ids, bodies, strict=True):
-        if body.get("role") not in ("user", "assistant"):
-            continue
-        text = content_text(body.get("content")).strip()
-        if text:
-            rows.append((message_id, text, chat, person, str(body["role"])))
-    return rows
-
-
 def _chat_of(session_key: str) -> str | None:
     """``channel:chat_id`` of a conversation's session key; None for a subagent's, a cron
     job's or a heartbeat's own session."""
@@ -138,7 +117,17 @@ def _chat_of(session_key: str) -> str | None:
 
 INSERT_MESSAGE = ("INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
                   "VALUES (?, ?, ?, ?, ?, ?)")
-INSERT_INDEX = insert_sql(TRIGRAM)
+__all__ = ["content_text"]  # re-exported through ``store``
+
+
+UPSERT_TURN = (
+    "INSERT INTO turns (id, session_id, inbound_id, status, error, started_at, finished_at, "
+    "chat, person) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+    "session_id = excluded.session_id, inbound_id = excluded.inbound_id, "
+    "status = excluded.status, error = excluded.error, started_at = excluded.started_at, "
+    "finished_at = excluded.finished_at, chat = COALESCE(excluded.chat, turns.chat), "
+    "person = COALESCE(excluded.person, turns.person)")
+"""A turn written again keeps the chat and person its indexed messages are found under."""
 
 
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
@@ -150,6 +139,9 @@ def _session(row: Any) -> SessionRow:
 
 class SessionTables(LayerTexts):
     """Sessions (one active per key), messages, compactions and a turn's one write."""
+
+    trigram: bool
+    """Whether messages are indexed in FTS5 (``SearchTables``, which ``Store`` joins)."""
 
     # sessions -----------------------------------------------------------------------------
 
@@ -228,19 +220,29 @@ class SessionTables(LayerTexts):
         if await self._fetchone("SELECT done FROM search_backfill", ()):
             return 0
 
+        trigram = self.trigram
+
         def fill(db: sqlite3.Connection) -> int:
             count = 0
             rows = db.execute(
-                "SELECT m.id, m.body, s.key FROM messages m JOIN sessions s "
-                "ON s.id = m.session_id WHERE m.role IN ('user', 'assistant') ORDER BY m.id")
+                "SELECT m.id, m.body, s.key, t.chat, t.person, m.turn_id FROM messages m "
+                "JOIN sessions s ON s.id = m.session_id LEFT JOIN turns t ON t.id = m.turn_id "
+                "WHERE m.role IN ('user', 'assistant') ORDER BY m.id")
+            tagged: dict[str, str] = {}
             for batch in iter(lambda: rows.fetchmany(1000), []):
-                index = []
-                for message_id, body, key in batch:
-                    chat = _chat_of(key)
-                    if chat is not None:
-                        index += index_rows([message_id], [json.loads(body)], chat, None)
-                db.executemany(INSERT_INDEX, index)
-                count += len(index)
+                for message_id, body, key, chat, person, turn_id in batch:
+                    # a copy's turns keep whose they were; older rows: the session's chat
+                    chat = chat or _chat_of(key)
+                    if chat is None:
+                        continue
+                    sql, index = index_statements([(message_id, json.loads(body))], chat,
+                                                  person, trigram)
+                    db.executemany(sql, index)
+                    count += len(index)
+                    if index and turn_id not in tagged:
+                        tagged[turn_id] = chat
+            db.executemany("UPDATE turns SET chat = ? WHERE id = ? AND chat IS NULL",
+                           [(chat, turn) for turn, chat in tagged.items()])
             db.execute("INSERT INTO search_backfill (done) VALUES (1)")
             return count
 
@@ -328,6 +330,7 @@ class SessionTables(LayerTexts):
             snapshot_row = (turn_id, session_id, now, snapshot["hash"],
                             snapshot["total_tokens"], detail)
         text_rows = self._new_texts(texts)
+        trigram = self.trigram
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
@@ -336,12 +339,10 @@ class SessionTables(LayerTexts):
                 db.executemany(INSERT_MESSAGE, message_rows)
             else:
                 ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
-                db.executemany(INSERT_INDEX, index_rows(ids, [m.body for m in messages],
-                                                        *index))
-            db.execute(
-                "INSERT OR REPLACE INTO turns (id, session_id, inbound_id, status, error, "
-                "started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (turn_id, session_id, inbound_id, status, error, iso(started_at), now))
+                db.executemany(*index_statements(
+                    list(zip(ids, [m.body for m in messages], strict=True)), *index, trigram))
+            db.execute(UPSERT_TURN, (turn_id, session_id, inbound_id, status, error,
+                                     iso(started_at), now, *(index or (None, None))))
             db.executemany(INSERT_CALL, call_rows)
             if text_rows:
                 db.executemany(INSERT_TEXT, text_rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from gateway.kernel.store import NewMessage, Store
@@ -34,3 +35,124 @@ async def test_messages_from_before_the_index_are_indexed_once(tmp_path: Path) -
         assert await store.backfill_search() == 0  # once
     finally:
         await store.close()
+
+
+def _index_terms(path: Path) -> dict[str, int]:
+    """Every term the FTS5 index holds, with how many messages hold it (``fts5vocab``): what
+    is left in the index itself, whatever the messages table says."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("CREATE VIRTUAL TABLE temp.terms USING fts5vocab(main, message_text, row)")
+        return {term: docs for term, docs in con.execute("SELECT term, doc FROM temp.terms")}
+    finally:
+        con.close()
+
+
+async def _turn(store: Store, session_id: int, turn_id: str, texts: list[str], *,
+                index: tuple[str, str | None] | None) -> None:
+    roles = ("user", "assistant")
+    await store.save_turn(session_id=session_id, turn_id=turn_id, inbound_id=None,
+                          messages=[NewMessage({"role": roles[i % 2], "content": t}, 5)
+                                    for i, t in enumerate(texts)], index=index)
+
+
+async def test_the_index_keeps_no_copy_and_finds_by_the_turns_tags(tmp_path: Path) -> None:
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    try:
+        dm = await store.active_session("telegram:42")
+        group = await store.active_session("telegram:-100")
+        await _turn(store, dm.id, "t1", ["where is the heron", "by the mill pond"],
+                    index=("telegram:42", "telegram:42"))
+        await _turn(store, group.id, "t2", ["a heron in the group", "seen"],
+                    index=("telegram:-100", "telegram:7"))
+        # a turn written again without tags (a later save of the same turn) keeps them
+        await store.save_turn(session_id=dm.id, turn_id="t1", inbound_id=None, index=None,
+                              messages=[NewMessage({"role": "tool", "tool_call_id": "c",
+                                                    "content": "heron by tool"}, 5)])
+        hits = await store.search_messages("heron", chat="telegram:42")
+        assert [(h.text, h.person, h.role, h.session_key) for h in hits] == [
+            ("where is the heron", "telegram:42", "user", "telegram:42")]
+        assert [h.text for h in await store.search_messages(
+            "heron", chat="telegram:-100", person="telegram:7")] == ["a heron in the group"]
+        assert await store.search_messages("heron", chat="telegram:-100",
+                                           person="telegram:42") == []
+        assert [h.text for h in await store.search_messages("mill", chat=None)] == [
+            "by the mill pond"]
+        # words under three characters: no trigram, the chat's texts are read instead
+        assert [h.text for h in await store.search_messages("by", chat="telegram:42")] == [
+            "by the mill pond"]
+        assert await store.search_messages("by", chat="telegram:-100") == []
+        tables = {r[0] for r in await store._fetchall(
+            "SELECT name FROM sqlite_schema WHERE name LIKE 'message_%'", ())}
+        assert "message_search_content" not in tables and "message_text_content" not in tables
+    finally:
+        await store.close()
+
+
+async def test_removed_turns_leave_nothing_in_the_index(tmp_path: Path) -> None:
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    try:
+        dm = await store.active_session("local:a")
+        sub = await store.active_session("subagent:local:a:x1")
+        await _turn(store, dm.id, "keep", ["kingfisher stays", "fine"],
+                    index=("local:a", "local:me"))
+        await _turn(store, dm.id, "gone", ["wagtail leaves", "[image] ok"],
+                    index=("local:a", "local:me"))
+        await _turn(store, sub.id, "sub", ["wagtail in a subagent", "x"], index=None)
+        assert _index_terms(path).get("wag") == 1
+        await store._write(lambda db: _remove(db, ["gone", "sub"]), slow=True)
+        terms = _index_terms(path)
+        assert "wag" not in terms and "fis" in terms
+        assert await store.search_messages("wagtail", chat=None) == []
+        assert [h.text for h in await store.search_messages("kingfisher", chat="local:a")] \
+            == ["kingfisher stays"]
+    finally:
+        await store.close()
+
+
+def _remove(conn: sqlite3.Connection, turns: list[str]) -> None:
+    from gateway.kernel.store_retention import Pass, _remove_turns
+
+    _remove_turns(conn, turns, Pass())
+
+
+async def test_a_database_with_the_earlier_index_is_converted_once(tmp_path: Path) -> None:
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    try:
+        dm = await store.active_session("telegram:42")
+        await _turn(store, dm.id, "t1", ["the heron nests", "by the mill"],
+                    index=("telegram:42", "telegram:42"))
+    finally:
+        await store.close()
+    # as the earlier version left it: its own index with copies, no tags on the turns
+    con = sqlite3.connect(path)
+    con.executescript(
+        "DROP TABLE message_text; UPDATE turns SET chat = NULL, person = NULL;"
+        "CREATE VIRTUAL TABLE message_search USING fts5(text, chat UNINDEXED, "
+        "person UNINDEXED, role UNINDEXED, tokenize='trigram', columnsize=0);")
+    ids = [r[0] for r in con.execute("SELECT id FROM messages ORDER BY id")]
+    con.executemany("INSERT INTO message_search (rowid, text, chat, person, role) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(ids[0], "the heron nests", "telegram:42", "telegram:42", "user"),
+                     (ids[1], "by the mill", "telegram:42", "telegram:42", "assistant")])
+    con.commit()
+    con.close()
+    for _ in range(2):
+        store = await Store.open(path)
+        try:
+            hits = await store.search_messages("heron", chat="telegram:42",
+                                               person="telegram:42")
+            assert [h.text for h in hits] == ["the heron nests"]
+            assert not await store.columns("message_search")
+        finally:
+            await store.close()
+    assert _index_terms(path)["her"] == 1
+    await_remove = await Store.open(path)
+    try:
+        await await_remove._write(lambda db: _remove(db, ["t1"]), slow=True)
+    finally:
+        await await_remove.close()
+    assert _index_terms(path) == {}
