@@ -38,6 +38,7 @@ from gateway.kernel.events import InboundMessage
 from gateway.kernel.heartbeat_ack import HEARTBEAT_CHANNEL
 from gateway.kernel.secrets import register_secrets
 from gateway.kernel.store import Store
+from gateway.kernel.tasks import TaskSet
 from gateway.retention import Retention
 from gateway.streaming import channel_streaming
 from workspace.bootstrap import seed_workspace
@@ -80,6 +81,10 @@ class Gateway:
         self.manager.streams.settings = partial(channel_streaming, config)
         self.monotonic = monotonic
         self.cron: CronScheduler | None = None
+        self.cron_jobs: CronJobs | None = None
+        """The jobs table for the agent's cron tool: in every process, whichever runs the
+        scheduler (on PostgreSQL one process does; a job added elsewhere wakes it)."""
+        self._notes = TaskSet()
         self.heartbeat: Heartbeat | None = None
         self.mcp: MCPManager | None = None
         self.subagents: SubagentManager | None = None
@@ -115,6 +120,12 @@ class Gateway:
             for channel in self._extra:
                 self.manager.add(channel)
             self.exec_access = await exec_probe
+            if self._configured and self.config.cron.enabled:
+                self.cron_jobs = CronJobs(self.store, clock=self.clock,
+                                          timezone=self.config.cron_timezone,
+                                          min_interval=self.config.cron.min_interval,
+                                          on_change=self._cron_changed)
+                await self.cron_jobs.ensure()
             self.agent = AgentLoop(config=self.config, bus=self.bus, store=self.store,
                                    provider=self.provider,
                                    registry=build_registry(
@@ -184,12 +195,13 @@ class Gateway:
         if not self._configured:
             return
         config = self.config
-        if config.cron.enabled:
-            jobs = CronJobs(store, clock=self.clock, timezone=config.cron_timezone,
-                            min_interval=config.cron.min_interval)
-            self.cron = CronScheduler(jobs, self.bus, clock=self.clock,
+        if self.cron_jobs is not None:
+            self.cron = CronScheduler(self.cron_jobs, self.bus, clock=self.clock,
                                       grace=config.cron.missed_grace,
                                       poll_interval=config.cron.poll_interval)
+            self.cron_jobs.on_change = self._cron_changed  # the scheduler set its own
+            if self.cluster_worker is not None:  # a job added by another process
+                self.cluster_worker.cron_watchers = [self.cron.wake]
             await self.cron.start()
         if config.heartbeat.enabled:
             self.heartbeat = Heartbeat(config.heartbeat, self.bus,
@@ -208,9 +220,19 @@ class Gateway:
             if schedule is not None:
                 await schedule.stop()
 
+    def _cron_changed(self) -> None:
+        """A job was added, removed or asked to run here: the scheduler wakes, in this process
+        or (on PostgreSQL) in whichever runs it."""
+        if self.cron is not None:
+            self.cron.wake()
+        elif self.cluster_worker is not None:
+            self._notes.spawn(self.cluster_worker.cluster.notify_cron(), "cron-changed")
+
     async def _give_up_schedules(self) -> None:
         await self._stop_schedules()  # started anew when this process leads them again
         self.heartbeat = self.cron = self.inbox_cleanup = self.retention = None
+        if self.cluster_worker is not None:
+            self.cluster_worker.cron_watchers = []
 
     async def _start_agent_tools(self, store: Store, agent: AgentLoop) -> None:
         """MCP servers (their tools join the registry as they connect) and subagents."""
@@ -229,7 +251,7 @@ class Gateway:
         """What one turn's tools may use: delivery now (message tool), the jobs (cron) and
         subagents (spawn)."""
         return TurnServices(send=self.manager.deliver_now,
-                            cron=self.cron.jobs if self.cron is not None else None,
+                            cron=self.cron_jobs,
                             spawn=self.subagents.spawn if self.subagents is not None else None)
 
     def _configured_channel_list(self) -> list[Channel]:
@@ -271,6 +293,7 @@ class Gateway:
         if self.mcp is not None:  # after the turns: a stdio server's process ends here
             await self.mcp.stop()
         await self._stop_schedules()
+        await self._notes.finish(1.0)
         await self.manager.stop(within=max(self.grace, 0.5))
         # the channels close their connections before the worker hands back its leases (a
         # Discord websocket, a Telegram poller): the next holder never overlaps this one

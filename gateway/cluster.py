@@ -55,6 +55,9 @@ class ClusterWorker:
         self.reply_watchers: dict[str, list[Callable[[str], Awaitable[None]]]] = {}
         """Per notification channel (``parley_local``, ``parley_webchat``): told the chat of
         each local-channel reply or WebChat answer any process stored."""
+        self.cron_watchers: list[Callable[[], None]] = []
+        """Woken when another process added, removed or asked to run a cron job (the
+        scheduler, where this process runs it)."""
         self._replies: set[tuple[str, str]] = set()
         self._replied = asyncio.Event()
         self._closing = False
@@ -188,6 +191,9 @@ class ClusterWorker:
                     continue
                 self._replies.add((channel, payload))
                 self._replied.set()
+            elif channel == "parley_cron":
+                for wake in self.cron_watchers:
+                    wake()
             else:
                 self._wake.set()
 

@@ -24,6 +24,7 @@ The SQLite store needs none of this (one process): its twin of these tables is e
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -38,6 +39,8 @@ from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.store_pg import _LIVE, _NOW, PgStore
 from gateway.kernel.store_queues import PendingOutbound
 from gateway.kernel.store_sql import Migration, TableSet, register
+
+_log = logging.getLogger(__name__)
 
 _SCHEMA_PG = """
 CREATE TABLE IF NOT EXISTS cluster_processes (
@@ -256,13 +259,22 @@ class ClusterStore:
         await self._listen.execute("LISTEN parley_inbox")
         await self._listen.execute("LISTEN parley_local")
         await self._listen.execute("LISTEN parley_webchat")
+        await self._listen.execute("LISTEN parley_cron")
+
+    async def notify_cron(self) -> None:
+        """Tell the process running the schedules that a job changed (``parley_cron``):
+        without it, it would see the change at its next poll (``cron.poll_interval``)."""
+        try:
+            await self.store._write(lambda db: db.execute("SELECT pg_notify('parley_cron', '')"))
+        except Exception as exc:  # the poll finds the job all the same
+            _log.warning("cluster: could not tell the schedules of a cron change: %s", exc)
 
     async def notifications(self) -> AsyncIterator[tuple[str, str, bool]]:
         """(channel, payload, mine) each time a process stored an inbound message
-        (``parley_inbox``), a local channel's reply (``parley_local``, its chat) or a WebChat
-        answer (``parley_webchat``, its chat); ``mine``: this process's store connection
-        sent it (the server's backend pid says so). One generator for the connection's
-        life: none is missed between two waits."""
+        (``parley_inbox``), a local channel's reply (``parley_local``, its chat), a WebChat
+        answer (``parley_webchat``, its chat) or changed a cron job (``parley_cron``);
+        ``mine``: this process's store connection sent it (the server's backend pid says
+        so). One generator for the connection's life: none is missed between two waits."""
         assert self._listen is not None
         async for note in self._listen.notifies():
             conn = self.store._conn

@@ -283,6 +283,46 @@ async def test_a_job_due_once_fires_once_across_three_processes(
 
 
 @pytest.mark.timeout(180)
+async def test_a_reminder_added_on_a_process_without_the_schedules_fires_once(
+        tmp_path: Path, llm: ScriptedLLM, postgres_url: str) -> None:
+    """The cron tool works on every process, not only where the scheduler runs; the job it
+    adds wakes that process at once (``parley_cron``), not at its next poll (an hour here)."""
+    gateways = Processes()
+    try:
+        for n in range(2):
+            await gateways.start(_config(tmp_path, llm, postgres_url, f"gw{n}",
+                                         cron={"poll_interval": "1h"}))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{gateways.bases[1]}/v1/health") as resp:
+                members = (await resp.json())["cluster"]["processes"]
+            [leader] = [m["pid"] for m in members if "schedules" in m["leads"]]
+            pids = [proc.pid for proc in gateways.procs]
+            other = gateways.bases[1 - pids.index(leader)]
+            llm.tool_call("cron", {"action": "add", "message": "tea time", "at": "1s"})
+            llm.reply("I'll remind you.")
+            async with http.post(f"{other}/v1/messages", json={
+                    "chat_id": "c1", "sender_id": "me", "text": "remind me of tea"}) as resp:
+                assert resp.status == 202
+            texts: list[str] = []
+            after = 0
+            for _ in range(20):  # bounded: 20 long polls of up to 2 s; the records decide
+                async with http.get(f"{other}/v1/messages", params={
+                        "chat_id": "c1", "after": str(after), "wait": "2"}) as resp:
+                    data = await resp.json()
+                texts += [m["text"] for m in data["messages"]]
+                after = data["next"]
+                if "tea time" in texts:
+                    break
+            assert texts == ["I'll remind you.", "tea time"]
+            assert "next run" in llm.last_request["messages"][-1]["content"]
+    finally:
+        await gateways.stop()
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        cur = await conn.execute("SELECT COUNT(*) FROM cron_runs")
+        assert await cur.fetchone() == (1,)
+
+
+@pytest.mark.timeout(180)
 async def test_one_process_polls_a_telegram_bot_and_another_takes_over_after_a_kill(
         tmp_path: Path, llm: ScriptedLLM, postgres_url: str) -> None:
     from tests.fakes.telegram_server import FakeTelegram
