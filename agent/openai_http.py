@@ -30,6 +30,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
+from gateway.kernel.store_db import load_json
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """A reply larger than this is refused: no chat answer is that big, a broken server might be."""
@@ -257,8 +258,8 @@ def _stream_event(assembler: StreamAssembler, event: dict[str, Any], model: str)
 
 def _json(raw: bytes, model: str | None) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        value = load_json(raw)
+    except (ValueError, RecursionError) as exc:
         raise ProviderUnavailable("the server's answer is not JSON", model=model,
                                   cause="server_error") from exc
     if not isinstance(value, dict):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hmac
 import ipaddress
-import json
 import math
 import mimetypes
 import re
@@ -29,6 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 from channels.http_api import ApiError, check_unicode
 from gateway.kernel.events import TRUST_RANK, InboundMessage, Media, MediaKind, Trust
 from gateway.kernel.inbox_files import save_file
+from gateway.kernel.store_db import load_json
 
 CHANNEL_NAME = "local"
 MAX_MEDIA_ITEMS = 10
@@ -104,7 +104,7 @@ def parse_post_body(raw: bytes, *, max_text_chars: int,
                     max_media_bytes: int) -> tuple[InboundMessage, tuple[Spec, ...]]:
     """The message (media still to be stored) and its media specs, or ApiError."""
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except (ValueError, RecursionError):
         raise ApiError("body: not valid JSON") from None
     check_unicode(data)

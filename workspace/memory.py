@@ -62,6 +62,7 @@ from workspace.memory_search import (
     split_paragraphs,
     tokenize,
 )
+from workspace.watch import Watch
 
 __all__ = [
     "FULL_RESCAN_SECONDS", "HOME", "LOG_DIR", "MAX_CHUNK_CHARS", "MAX_ENTRY_CHARS",
@@ -170,6 +171,8 @@ class MemoryStore:
         self._write_lock = write_lock_for(workspace.expanduser().resolve())
         self._index_lock = threading.Lock()
         self.index = MemoryIndex()
+        self._synced_at: int | None = None
+        """The watch's generation when the index last matched the files (None: scan)."""
 
     # writing ------------------------------------------------------------------------------
 
@@ -228,6 +231,20 @@ class MemoryStore:
         return Saved(rel, True)
 
     # index --------------------------------------------------------------------------------
+
+    def _sync_index(self) -> None:
+        """The index brought up to the files, with no ``stat`` at all while inotify says
+        nothing changed in the facts' folder or the logs' (``workspace/watch.py``; symlinked
+        folders, or no inotify: ``_scan`` every time, as before). Under ``_index_lock``."""
+        generation = _watch_look()
+        if generation is not None and self._synced_at == generation:
+            return
+        trusted = generation is not None and _watch_cover(
+            [(self.workspace / self.scope.facts).parent, self.workspace / self.scope.logs])
+        if trusted and (self.workspace / self.scope.logs).is_symlink():
+            trusted = False  # re-pointing it is an event in a folder not watched
+        self.index.sync(*self._scan(), self._load)
+        self._synced_at = generation if trusted else None
 
     def _scan(self) -> tuple[list[tuple[str, Path, Signature]], Hashable]:
         """The facts file and the daily logs (the facts are always indexed, so the ranking
@@ -313,7 +330,7 @@ class MemoryStore:
         if not terms or k < 1:
             return []
         with self._index_lock:
-            self.index.sync(*self._scan(), self._load)
+            self._sync_index()
             ranked = self.index.search(cjk_grams(terms), k,
                                        leave_out=self.scope.facts if sources == "logs" else None)
         return [Hit(r.path, r.text, r.score, r.line) for r in ranked]
@@ -365,6 +382,27 @@ def recall_block(stores: Sequence[MemoryStore], query: str, *, counter: TextCoun
             lines.append(cut)
         break
     return "\n".join(lines) if len(lines) > 1 else None
+
+
+_WATCH_LOCK = threading.Lock()
+_WATCH: list[Watch | None] = []
+"""One inotify instance for every store's folders (opened on first use; [None]: none)."""
+
+
+def _watch_look() -> int | None:
+    """The shared watch's generation (it grows with any change in any watched folder), or
+    None without inotify."""
+    with _WATCH_LOCK:
+        if not _WATCH:
+            _WATCH.append(Watch.open())
+        watch = _WATCH[0]
+        return watch.look() if watch is not None else None
+
+
+def _watch_cover(folders: list[Path]) -> bool:
+    with _WATCH_LOCK:
+        watch = _WATCH[0] if _WATCH else None
+        return watch is not None and watch.cover(folders)
 
 
 def memory_store_for(workspace: Path, config: MemoryConfig | None = None, *,

@@ -61,6 +61,16 @@ def dump_json(data: Any) -> str:
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
+def load_json(raw: str | bytes) -> Any:
+    """JSON read by orjson (several times faster than ``json``); what orjson refuses and
+    ``json`` takes (NaN, integers beyond 64 bits, escaped lone surrogates, nesting past
+    orjson's limit) is read by ``json``, so the result and the errors raised are ``json``'s."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 @dataclass(slots=True, eq=False)
 class _Queued:
     """A write waiting for its group's transaction (``Database._write``)."""

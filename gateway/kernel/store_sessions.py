@@ -17,7 +17,7 @@ from typing import Any
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import pack, without_columns
-from gateway.kernel.store_db import dump_json, iso
+from gateway.kernel.store_db import dump_json, iso, load_json
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
 from gateway.kernel.store_search import content_text, index_statements
 from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
@@ -202,14 +202,14 @@ class SessionTables(LayerTexts):
         rows = await self._fetchall(
             "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
             "AND id >= ? ORDER BY id DESC LIMIT ?", (session_id, from_id, limit))
-        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in reversed(rows)]
+        return [StoredMessage(r[0], r[1], r[2], load_json(r[3]), r[4]) for r in reversed(rows)]
 
     async def messages_between(self, session_id: int, first_id: int,
                                last_id: int) -> list[StoredMessage]:
         rows = await self._fetchall_thread(
             "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
             "AND id BETWEEN ? AND ? ORDER BY id", (session_id, first_id, last_id))
-        return [StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+        return [StoredMessage(r[0], r[1], r[2], load_json(r[3]), r[4]) for r in rows]
 
     async def backfill_search(self) -> int:
         """Once per database: index the messages written before the search index existed
@@ -292,7 +292,7 @@ class SessionTables(LayerTexts):
         async for r in self.iterate(
                 "SELECT id, turn_id, role, body, tokens FROM messages WHERE session_id = ? "
                 "ORDER BY id", (session_id,)):
-            yield StoredMessage(r[0], r[1], r[2], json.loads(r[3]), r[4])
+            yield StoredMessage(r[0], r[1], r[2], load_json(r[3]), r[4])
 
     async def save_calls(self, *, session_id: int, turn_id: str, calls: list[LLMCallRecord],
                          usage: UsageTags | None) -> None:

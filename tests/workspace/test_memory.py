@@ -376,3 +376,46 @@ def test_daily_logs_are_not_all_stat_ed_every_turn(tmp_path: Path,
         (logs / "2025-02-03.md").read_text() + "\n[11:00] lighthouse again\n")
     # same size folder, edited in place: the full listing after a minute finds it
     assert len(store.search("lighthouse")) == 4
+
+
+def test_with_inotify_an_unchanged_memory_is_not_looked_at(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search while nothing changed reads no folder and no file signature (one inotify
+    read instead); an append, a new log, an edit of MEMORY.md or a folder made later are
+    seen at the very next search."""
+    if memory_mod._watch_look() is None:
+        pytest.fail("no inotify here: the test cannot show what it is about")
+    logs = tmp_path / "memory"
+    logs.mkdir()
+    (logs / "2025-02-27.md").write_text("# 2025-02-27\n\n[09:00] fed the heron\n")
+    (tmp_path / "MEMORY.md").write_text("# Memory\n\n- likes herons\n")
+    store = MemoryStore(tmp_path, MemoryConfig(recall_sources="all"))
+    scans: list[int] = []
+    real_scan = MemoryStore._scan
+
+    def counting_scan(self: MemoryStore) -> object:
+        scans.append(1)
+        return real_scan(self)
+
+    monkeypatch.setattr(MemoryStore, "_scan", counting_scan)
+    assert len(store.search("heron")) == 2
+    assert len(store.search("heron")) == 2
+    assert len(scans) == 1  # the second search looked at nothing
+    with (logs / "2025-02-27.md").open("a") as fh:  # appended in place
+        fh.write("\n[18:00] the heron again\n")
+    assert len(store.search("heron")) == 3
+    (tmp_path / "MEMORY.md").write_text("# Memory\n\n- likes herons\n- a heron named Bo\n")
+    assert any("named Bo" in h.text for h in store.search("heron"))
+    (logs / "2025-02-28.md").write_text("# 2025-02-28\n\n[08:00] heron flew off\n")
+    assert len(store.search("heron")) == 4
+    assert len(scans) == 4
+    assert len(store.search("heron")) == 4 and len(scans) == 4
+
+
+def test_memory_folder_made_after_the_first_search_is_seen(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path)
+    assert store.search("otter") == []
+    (tmp_path / "memory").mkdir()
+    assert store.search("otter") == []
+    (tmp_path / "memory" / "2025-02-27.md").write_text("# 2025-02-27\n\n[09:00] an otter\n")
+    assert [h.path for h in store.search("otter")] == ["memory/2025-02-27.md"]
