@@ -124,6 +124,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
                     f"series ({long['turns']:,} turns: ±5 B a b-tree)", long["kept"],
                     "{:,.0f} B", "≤ 1,536 B" if kind == "plain" else "",
                     (lambda v: v <= 1536) if kind == "plain" else None)
+    skipped = _get(r, "instructions.skipped")
+    for phase, label in (("plain", "plain turns one after another"),
+                         ("load100", "100 chats at once")):
+        add("12", f"gateway instructions a turn (callgrind), {label}"
+            + (f": {skipped}" if skipped else ""),
+            _get(r, f"instructions.{phase}.instructions_per_turn_m"), "{:.3f} M", "", None)
     for kind in ("plain", "tool"):
         change = _get(r, f"turns.{kind}.first_vs_last.change")
         first = _get(r, f"turns.{kind}.first_vs_last.first_p50_ms")

@@ -35,7 +35,8 @@ from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pi
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import kept_per_turn, repeat_summary, series, split_by_model_call
 
-SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream", "postgres")
+SECTIONS = ("context", "startup", "turns", "memory", "exec", "media", "stream", "postgres",
+            "instructions")
 console = Console(stderr=True)
 
 
@@ -51,6 +52,7 @@ class Sizes:
     startup_runs: int
     exec_commands: int
     stream_replies: int = 100
+    cg_turns: int = 200
 
 
 FULL = Sizes(turns=200, series_repeats=5, floor_calls=200, load_seconds=10.0,
@@ -58,7 +60,7 @@ FULL = Sizes(turns=200, series_repeats=5, floor_calls=200, load_seconds=10.0,
              exec_commands=200)
 QUICK = Sizes(turns=60, series_repeats=2, floor_calls=60, load_seconds=3.0, mem_sessions=200,
               mem_turns=5, ctx_iterations=50, startup_runs=1, exec_commands=50,
-              stream_replies=30)
+              stream_replies=30, cg_turns=200)
 
 
 def _say(text: str) -> None:
@@ -281,6 +283,15 @@ async def main_async(args: argparse.Namespace) -> int:
                 results["stream"] = await stream_latency.measure(root / "stream",
                                                                  sizes.stream_replies)
                 section_s["stream"] = time.perf_counter() - t
+            if "instructions" in only:
+                from bench import instructions
+
+                _say(f"12: instructions a turn under callgrind, {sizes.cg_turns} plain turns, "
+                     "then 100 chats")
+                t = time.perf_counter()
+                results["instructions"] = await instructions.measure(
+                    root / "instructions", server, turns=sizes.cg_turns)
+                section_s["instructions"] = time.perf_counter() - t
             if "postgres" in only:  # issue 19: several processes on one PostgreSQL
                 from bench import postgres
 

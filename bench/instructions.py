@@ -1,0 +1,97 @@
+"""Item 12: the gateway's own work per turn as machine instructions, counted by valgrind's
+callgrind: the same figure whatever else the machine is doing and however fast it runs that
+day, so two commits (or two days) compare within a fraction of a percent where CPU seconds
+move by ±20 % (issue 24; measured: the same commit 5.403 and 5.394 M instructions a turn in
+two runs, its CPU a turn 3.3 to 4.1 ms in three).
+
+The gateway runs under ``valgrind --tool=callgrind`` (about 50× slower, so turns wait on it,
+not on the model): a warm-up, then the counters are zeroed, the turns run, and the counters
+are dumped (``callgrind_control``); shutdown is not counted. Two phases: turns one after
+another in one chat (item 1's plain turn), and 100 chats at once (item 3's load, where the
+group commit and the long polls share work between turns); each chat's first turn (a new
+session) runs before the counting. Without valgrind the section says
+so (``apt-get install valgrind``); it never runs in the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.client import LocalClient, expect
+from bench.procs import BIN, GatewayProcess, ModelServer
+
+
+def available() -> str | None:
+    """None when valgrind and callgrind_control are installed, else why not."""
+    missing = [t for t in ("valgrind", "callgrind_control") if shutil.which(t) is None]
+    return f"{', '.join(missing)} not installed (apt-get install valgrind)" if missing else None
+
+
+async def _turns(client: LocalClient, chats: int, per_chat: int, tag: str,
+                 first: int = 0) -> None:
+    """``per_chat`` turns in each of the chats ``tag-0`` … (numbered from ``first``)."""
+    async def chat(j: int) -> None:
+        for i in range(first, first + per_chat):
+            text = f"{tag} turn {i} in chat {j}"
+            _, record = await client.turn(f"{tag}-{j}", text)
+            expect(record, text)
+
+    await asyncio.gather(*(chat(j) for j in range(chats)))
+
+
+def _spawn(gateway: GatewayProcess, out: Path) -> None:
+    """``parley gateway`` under callgrind, as ``GatewayProcess.spawn`` starts it otherwise."""
+    log = open(gateway.log_path, "ab")  # handed to the child, closed here
+    gateway.proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+         str(BIN / "parley"), "gateway", "--config", str(gateway.config)],
+        stdout=log, stderr=log, env=gateway.env)
+    log.close()
+
+
+def _control(flag: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True,
+                   timeout=120)
+
+
+def _dumped(out: Path, before: set[Path]) -> int:
+    """Instructions in the dump ``callgrind_control -d`` just wrote (its ``totals:`` line)."""
+    new = sorted(set(out.parent.glob(out.name + ".*")) - before)
+    if not new:
+        raise RuntimeError("callgrind wrote no dump")
+    for line in new[-1].read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {new[-1]}")
+
+
+async def measure(root: Path, server: ModelServer, *, turns: int) -> dict[str, Any]:
+    why = available()
+    if why is not None:
+        return {"skipped": why}
+    gateway = GatewayProcess(root, server.base_url)
+    out = root / "callgrind.out"
+    _spawn(gateway, out)
+    results: dict[str, Any] = {"turns": turns}
+    try:
+        gateway.wait_healthy(timeout=600)
+        async with LocalClient(gateway.base_url, wait=600) as client:
+            await _turns(client, 10, 4, "warm")
+            for phase, chats in (("plain", 1), ("load100", 100)):
+                per_chat = max(1, turns // chats)
+                await _turns(client, chats, 1, phase)  # each chat's first turn not counted
+                before = set(root.glob(out.name + ".*"))
+                await asyncio.to_thread(_control, "-z", gateway.pid)
+                await _turns(client, chats, per_chat, phase, first=1)
+                await asyncio.to_thread(_control, "-d", gateway.pid)
+                count = _dumped(out, before)
+                results[phase] = {"turns": chats * per_chat,
+                                  "instructions_per_turn_m": round(
+                                      count / (chats * per_chat) / 1e6, 3)}
+    finally:
+        gateway.stop()
+    return results
