@@ -48,6 +48,8 @@ def check_unicode(data: Any, where: str = "") -> None:
 async def read_body(request: web.Request, within: float, key: str) -> bytes:
     """The request body, or 408 when it has not arrived in full ``within`` seconds (``key``
     names the setting): a stalled or trickling client holds no connection for long."""
+    if request.content.is_eof():  # all of it came with the headers (a small body): no timer
+        return await request.read()
     try:
         async with asyncio.timeout(within):
             return await request.read()
