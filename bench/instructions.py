@@ -21,6 +21,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.client import LocalClient, expect
 from bench.procs import BIN, GatewayProcess, ModelServer
 
@@ -95,3 +97,78 @@ async def measure(root: Path, server: ModelServer, *, turns: int) -> dict[str, A
     finally:
         gateway.stop()
     return results
+
+
+# -- several processes on one PostgreSQL (issue 19) ------------------------------------------
+
+CLUSTER_LEASE = "120s"
+"""Under valgrind a process runs ~50× slower: a lease this long is never missed by its
+renewals, so no process is given up for dead while it is being measured."""
+
+
+async def measure_cluster(root: Path, server: ModelServer, url_for: Any,
+                          config: Any, *, turns: int) -> dict[str, Any]:
+    """Instructions a turn on PostgreSQL with one process and with two clustered processes
+    (100 chats, chat j talking to process j mod N, each chat's first turn not counted):
+    ``2 × one / two`` is the throughput two processes would have over one where each has a
+    core (or a machine) of its own, the machine's contention left out (the budgeted rows
+    measure it with it). ``url_for()``: a fresh database; ``config(data)`` adjusts a gateway's
+    config (``bench.postgres``)."""
+    why = available()
+    if why is not None:
+        return {"skipped": why}
+    out: dict[str, Any] = {"turns": turns}
+    for n in (1, 2):
+        url = url_for()
+        gateways = []
+        for i in range(n):
+            gw = GatewayProcess(root / f"n{n}-gw{i}", server.base_url)
+            data = yaml.safe_load(gw.config.read_text(encoding="utf-8"))
+            config(data)
+            data["database"] = url
+            data["cluster"] = {"lease": CLUSTER_LEASE}
+            gw.config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+            gateways.append(gw)
+        outs = [gw.root / "callgrind.out" for gw in gateways]
+        try:
+            for gw, cg in zip(gateways, outs, strict=True):
+                _spawn(gw, cg)
+                gw.wait_healthy(timeout=600)
+            clients = [LocalClient(gw.base_url, wait=600) for gw in gateways]
+            for client in clients:
+                await client.__aenter__()
+            try:
+                await _spread(clients, 100, 1, "c", 0)
+                before = [set(cg.parent.glob(cg.name + ".*")) for cg in outs]
+                for gw in gateways:
+                    await asyncio.to_thread(_control, "-z", gw.pid)
+                per_chat = max(1, turns // 100)
+                await _spread(clients, 100, per_chat, "c", 1)
+                for gw in gateways:
+                    await asyncio.to_thread(_control, "-d", gw.pid)
+                count = sum(_dumped(cg, b) for cg, b in zip(outs, before, strict=True))
+                out[str(n)] = {"turns": 100 * per_chat, "instructions_per_turn_m": round(
+                    count / (100 * per_chat) / 1e6, 3)}
+            finally:
+                for client in clients:
+                    await client.__aexit__(None, None, None)
+        finally:
+            for gw in gateways:
+                if gw.proc is not None:
+                    gw.stop()
+    one, two = (out.get(k, {}).get("instructions_per_turn_m") for k in ("1", "2"))
+    out["projected_speedup_2"] = round(2 * one / two, 2) if one and two else None
+    return out
+
+
+async def _spread(clients: list[LocalClient], chats: int, per_chat: int, tag: str,
+                  first: int) -> None:
+    """``per_chat`` turns in each of ``chats`` chats, chat j on process j mod N."""
+    async def chat(j: int) -> None:
+        client = clients[j % len(clients)]
+        for i in range(first, first + per_chat):
+            text = f"{tag} turn {i} in chat {j}"
+            _, record = await client.turn(f"{tag}-{j}", text)
+            expect(record, text)
+
+    await asyncio.gather(*(chat(j) for j in range(chats)))

@@ -136,8 +136,7 @@ def _gateways(root: Path, api_base: str, url: str, n: int,
         data = yaml.safe_load(gw.config.read_text(encoding="utf-8"))
         data["database"] = url
         data["cluster"] = {"lease": f"{LEASE_S:g}s"}
-        data["cron"] = {"enabled": False}
-        data["heartbeat"] = {"enabled": False}
+        _quiet(data)
         gw.config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         out.append(gw)
     for gw in out:
@@ -145,6 +144,12 @@ def _gateways(root: Path, api_base: str, url: str, n: int,
         if budget is not None:
             budget.confine(gw.pid)
     return out
+
+
+def _quiet(data: dict[str, Any]) -> None:
+    """No schedules: only the turns are measured."""
+    data["cron"] = {"enabled": False}
+    data["heartbeat"] = {"enabled": False}
 
 
 async def _load(clients: list[LocalClient], seconds: float, tag: str) -> dict[str, Any]:
@@ -291,6 +296,11 @@ async def measure(root: Path, server: ModelServer, seconds: float,
                                                if clustered and apart else None)
         say(f"postgres: failover after kill -9 of one of two processes (lease {LEASE_S:g} s)")
         out["failover"] = await failover(root, server, db)
+        from bench import instructions
+
+        say("postgres: instructions a turn under callgrind, one process and two")
+        out["instructions"] = await instructions.measure_cluster(
+            root / "instructions", server, db.fresh, _quiet, turns=200)
         return out
     finally:
         PINNING.update(pinned)

@@ -246,6 +246,13 @@ def checks(r: dict[str, Any]) -> list[Check]:
         _get(r, "postgres.budgeted.speedup.2"), "{:.2f}x", ">= 1.8x", lambda v: v >= 1.8)
     add("11", "postgres: the cluster's own cost: 2 clustered / 2 on a database each",
         _get(r, "postgres.budgeted.cluster_vs_separate"), "{:.2f}x", "", None)
+    for n in ("1", "2"):
+        add("11", f"postgres: gateway instructions a turn (callgrind), {n} process(es), "
+            "100 chats", _get(r, f"postgres.instructions.{n}.instructions_per_turn_m"),
+            "{:.3f} M", "", None)
+    add("11", "postgres: 2 processes' throughput / 1 process's with a core each, from the "
+        "instructions (2 × one / two)", _get(r, "postgres.instructions.projected_speedup_2"),
+        "{:.2f}x", ">= 1.8x", lambda v: v >= 1.8)
     add("11", "postgres: failover, kill -9 → the dead process's chats answered",
         _get(r, "postgres.failover.failover_s"),
         "{:.2f} s" + f" (lease {_get(r, 'postgres.failover.lease_s')} s)",
