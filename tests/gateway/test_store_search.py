@@ -150,9 +150,9 @@ async def test_a_database_with_the_earlier_index_is_converted_once(tmp_path: Pat
         finally:
             await store.close()
     assert _index_terms(path)["her"] == 1
-    await_remove = await Store.open(path)
-    try:
-        await await_remove._write(lambda db: _remove(db, ["t1"]), slow=True)
+    store = await Store.open(path)
+    try:  # retention removes a converted turn: told the texts the earlier index had
+        await store._write(lambda db: _remove(db, ["t1"]), slow=True)
     finally:
-        await await_remove.close()
+        await store.close()
     assert _index_terms(path) == {}
