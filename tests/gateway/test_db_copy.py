@@ -43,7 +43,8 @@ async def test_copy_moves_every_table_and_new_rows_follow(tmp_path: Path,
                            messages=[NewMessage({"role": "user", "content": "hi"}, 2),
                                      NewMessage({"role": "assistant", "content": "hello"}, 3)],
                            calls=[LLMCallRecord("m", 10, 3, 5.0, 1, cost=0.25)],
-                           snapshot={"hash": "h", "total_tokens": 5})
+                           snapshot={"hash": "h", "total_tokens": 5},
+                           index=("local:c1", "local:ada"))
     pairing = PairingStore(sqlite)
     code = await pairing.request("telegram", "42", user_name="ada")
     assert await pairing.approve("telegram", code.code)
@@ -65,6 +66,10 @@ async def test_copy_moves_every_table_and_new_rows_follow(tmp_path: Path,
         assert (await pg.usage_total()).cost == 0.25
         assert await pg.latest_snapshot(copied.id) == {"turn_id": "t1", "hash": "h",
                                                        "total_tokens": 5}
+        # found on PostgreSQL as on SQLite, under the person the turn was for
+        hits = await pg.search_messages("hello", chat="local:c1", person="local:ada")
+        assert [(h.text, h.person) for h in hits] == [("hello", "local:ada")]
+        assert await pg.search_messages("hello", chat="local:c1", person="local:bob") == []
         assert await PairingStore(pg).is_approved("telegram", "42")
         assert [j.id for j in await CronJobs(pg, clock=SystemClock(), timezone="UTC").jobs()] \
             == [job.id]
