@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 CONFIG ?= $(or $(PARLEY_CONFIG),$(HOME)/.parley/config.yaml)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: run chat test lint bench install install-test system-deps clean
+.PHONY: run chat test lint bench install install-test system-deps bench-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,15 +39,24 @@ chat: install
 # (root, or sudo without a password); otherwise the command to run is printed and those tests
 # say why they skip. Written package:program where the program has another name.
 SYSTEM_PACKAGES := chromium bubblewrap:bwrap util-linux:prlimit postgresql:pg_ctlcluster
-system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+# `make bench` also counts a turn's instructions with valgrind's callgrind (item 12).
+BENCH_PACKAGES := $(SYSTEM_PACKAGES) valgrind:callgrind_control
+define install_missing
+	@missing=""; for p in $(1); do \
 	  command -v "$${p#*:}" >/dev/null || missing="$$missing $${p%%:*}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=none; fi; \
 	  if [ "$$sudo" = none ]; then echo "make: missing system packages:$$missing (apt-get install$$missing)" >&2; \
 	  else { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; } \
-	    || echo "make: could not install$$missing; the tests that need them will say so" >&2; fi; \
+	    || echo "make: could not install$$missing; the $(2) that need them will say so" >&2; fi; \
 	fi
+endef
+
+system-deps:
+	$(call install_missing,$(SYSTEM_PACKAGES),tests)
+
+bench-deps:
+	$(call install_missing,$(BENCH_PACKAGES),benchmarks)
 
 test: install-test system-deps
 	$(BIN)/ruff check .
@@ -57,7 +66,7 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy gateway channels agent workspace parley bench
 
-bench: install-test
+bench: install-test bench-deps
 	$(BIN)/python -m bench
 
 clean:
