@@ -78,6 +78,7 @@ class Gateway:
         self._dead_before = 0
         self.clock: Clock = clock or SystemClock()
         self.manager.streams.clock = self.clock  # live replies: throttled on this clock
+        self.manager.clock = self.clock  # and a failed send's retry waits on it
         self.manager.streams.settings = partial(channel_streaming, config)
         self.monotonic = monotonic
         self.cron: CronScheduler | None = None

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from channels.base import Channel
 from gateway.kernel.backoff import Backoff, BackoffPolicy
 from gateway.kernel.bus import MessageBus
+from gateway.kernel.clock import Clock, SystemClock
 from gateway.kernel.config import DeliveryConfig
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
 from gateway.kernel.store import PendingOutbound, Store
@@ -85,6 +86,8 @@ class ChannelManager:
         self.bus = bus
         self.config = config or DeliveryConfig()
         self.store: Store | None = None
+        self.clock: Clock = SystemClock()
+        """What a retry waits on (the gateway's: a test's fake clock moves it)."""
         self.channels: dict[str, Channel] = {}
         self.stats: dict[str, ChannelStats] = {}
         self._chats: dict[tuple[str, str], deque[_Job]] = {}
@@ -329,7 +332,7 @@ class ChannelManager:
                                                attempts=job.attempts, error=error)
             _log.warning("channel %s: send to %s failed (%s); retry %d in %.1fs",
                          channel.name, job.msg.chat_id, error, job.attempts, delay)
-            await asyncio.sleep(delay)
+            await self.clock.sleep(delay)  # the gateway's clock: tests move a fake one
 
     async def _try(self, channel: Channel, job: _Job) -> Delivery:
         """One send; what it raised, or its running out of time, as a failed ``Delivery``."""

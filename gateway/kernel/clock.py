@@ -21,6 +21,11 @@ class Clock(Protocol):
 
     async def sleep_until(self, when: datetime) -> None: ...
 
+    async def sleep(self, seconds: float) -> None:
+        """A pause of ``seconds`` (a retry's wait): the event loop's monotonic time on the
+        system clock, so a step of the wall clock neither stretches nor skips it."""
+        ...
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -30,6 +35,9 @@ class SystemClock:
         delay = (when - self.now()).total_seconds()
         if delay > 0:  # callers loop and look at now() again
             await asyncio.sleep(min(delay, MAX_NAP))
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 async def sleep_or_wake(clock: Clock, when: datetime, wake: asyncio.Event) -> None:

@@ -157,6 +157,9 @@ async def test_a_task_runs_in_its_own_session_and_its_reply_reaches_the_target(
     llm.reply("my name is Ada")
     async with Gateway(config, clock=clock, channels=[platform]) as gw:
         await gw.bus.publish_inbound(inbound("hello, I'm Ada"))
+        # refused: the outbox waits its backoff (10 ms ± half) on the gateway's clock
+        await clock.sleeper_by(clock.now() + timedelta(seconds=0.02))
+        clock.advance(1)
         await platform.wait_sent(1)
         assert gw.cron is not None
         job = await gw.cron.jobs.add(NewJob(

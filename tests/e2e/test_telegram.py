@@ -7,6 +7,7 @@ import asyncio
 import base64
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from gateway.app import Gateway
 from gateway.kernel.config import Config
 from gateway.kernel.values import COMMAND_DESCRIPTIONS
 from tests.conftest import MakeConfig
+from tests.fakes.clock import FakeClock
 from tests.fakes.openai_server import ScriptedLLM
 from tests.fakes.telegram_server import FakeTelegram, Sent, parse_html
 
@@ -205,16 +207,24 @@ async def test_photo_goes_to_the_model_as_an_image(gateway: Gateway, tg: FakeTel
         b"\xff\xd8\xffjpeg-bytes").decode()
 
 
-async def test_rate_limited_send_waits_and_arrives_once(gateway: Gateway, tg: FakeTelegram,
+async def test_rate_limited_send_waits_and_arrives_once(make_config: MakeConfig,
+                                                        tg: FakeTelegram,
                                                         llm: ScriptedLLM) -> None:
+    """The resend waits Telegram's ``retry_after`` on the gateway's clock: a fake one here,
+    moved by the test, so nothing is decided by how long the machine took."""
+    clock = FakeClock()
     llm.reply("worth the wait")
-    tg.fail_next("sendMessage", 429, retry_after=1)
-    tg.dm(tg.user(ADA_ID, "Ada"), "hello")
-    loop = asyncio.get_running_loop()
-    await tg.wait_for(lambda: any(m == "sendMessage" for m, _ in tg.calls))
-    refused_at = loop.time()
-    [reply] = await tg.wait_sent(ADA_ID)
-    assert loop.time() - refused_at >= 0.9  # Telegram's retry_after was honoured
+    tg.fail_next("sendMessage", 429, retry_after=30)
+    async with Gateway(telegram_config(make_config, tg), grace=2.0, clock=clock):
+        tg.dm(tg.user(ADA_ID, "Ada"), "hello")
+        await tg.wait_for(lambda: any(m == "sendMessage" for m, _ in tg.calls))
+        retry_at = clock.now() + timedelta(seconds=30)
+        await clock.sleeper_at(retry_at)  # the outbox waits Telegram's retry_after
+        clock.advance(29)
+        assert clock.sleeps_until(retry_at)  # a second short of it: still waiting
+        assert [m for m, _ in tg.calls].count("sendMessage") == 1
+        clock.advance(1)
+        [reply] = await tg.wait_sent(ADA_ID)
     assert reply.text == "worth the wait"
     assert [m for m, _ in tg.calls].count("sendMessage") == 2
     assert len(tg.sent_to(ADA_ID)) == 1

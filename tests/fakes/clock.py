@@ -37,6 +37,10 @@ class FakeClock:
             self._sleepers.remove(entry)
             self._changed.set()
 
+    async def sleep(self, seconds: float) -> None:
+        """Until the clock is advanced ``seconds`` past now."""
+        await self.sleep_until(self._now + timedelta(seconds=seconds))
+
     def advance(self, seconds: float = 0.0, *, to: datetime | None = None) -> None:
         self._now = to.astimezone(UTC) if to is not None else \
             self._now + timedelta(seconds=seconds)
@@ -48,6 +52,29 @@ class FakeClock:
     def sleeping(self) -> int:
         """Sleepers waiting for a time still to come."""
         return sum(1 for when, f in self._sleepers if when > self._now and not f.done())
+
+    def sleeps_until(self, when: datetime) -> bool:
+        """Whether something still sleeps until ``when`` (``advance`` wakes sleepers at once:
+        right after it, this says whether a sleeper was woken)."""
+        return any(w == when and not f.done() for w, f in self._sleepers)
+
+    async def sleeper_at(self, when: datetime, timeout: float = 10.0) -> None:
+        """Wait until something sleeps until exactly ``when`` (a retry ``n`` seconds on: the
+        one sleeper a test is about, whatever else sleeps on this clock)."""
+        await self.sleeper_by(when, exactly=True, timeout=timeout)
+
+    async def sleeper_by(self, when: datetime, *, exactly: bool = False,
+                         timeout: float = 10.0) -> None:
+        """Wait until something sleeps until a time after now and no later than ``when``
+        (a short backoff with jitter, while the schedules sleep for longer)."""
+        def found() -> bool:
+            return any(not f.done() and (w == when if exactly else self._now < w <= when)
+                       for w, f in self._sleepers)
+
+        async with asyncio.timeout(timeout):
+            while not found():
+                self._changed.clear()
+                await self._changed.wait()
 
     async def settled(self, n: int, timeout: float = 10.0) -> None:
         """Wait until ``n`` sleepers wait for a future time (their loops are idle again)."""
