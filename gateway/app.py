@@ -200,7 +200,6 @@ class Gateway:
             self.cron = CronScheduler(self.cron_jobs, self.bus, clock=self.clock,
                                       grace=config.cron.missed_grace,
                                       poll_interval=config.cron.poll_interval)
-            self.cron_jobs.on_change = self._cron_changed  # the scheduler set its own
             if self.cluster_worker is not None:  # a job added by another process
                 self.cluster_worker.cron_watchers = [self.cron.wake]
             await self.cron.start()

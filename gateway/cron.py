@@ -50,7 +50,8 @@ class CronScheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed = False
-        jobs.on_change = self.wake
+        if jobs.on_change is None:  # else its owner's hook wakes this (the gateway's does)
+            jobs.on_change = self.wake
 
     async def start(self) -> None:
         await self.jobs.ensure()

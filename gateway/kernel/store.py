@@ -19,7 +19,7 @@ from typing import Self, cast
 
 from gateway.kernel.store_db import SCHEMA_VERSION
 from gateway.kernel.store_queues import PendingOutbound, QueueTables
-from gateway.kernel.store_search import SearchHit, SearchTables
+from gateway.kernel.store_search import SearchHit, SearchTables, content_text
 from gateway.kernel.store_sessions import (
     Compaction,
     LLMCallRecord,
@@ -28,7 +28,6 @@ from gateway.kernel.store_sessions import (
     SessionTables,
     StoredMessage,
     UsageTags,
-    content_text,
 )
 from gateway.kernel.store_snapshots import SnapshotTables
 from gateway.kernel.store_sql import is_postgres_url

@@ -162,16 +162,17 @@ class SearchTables(Database):
         if not terms:
             return []
         where, params = [], []
+        tags = "t" if self.trigram else "s"  # the FTS5 index: the turn's tags; plain: the row's
         if chat is not None:
-            where.append("s.chat = ?")
+            where.append(f"{tags}.chat = ?")
             params.append(chat)
         if person is not None:
-            where.append("s.person = ?")
+            where.append(f"{tags}.person = ?")
             params.append(person)
         rows: list[Any] = []
         long_terms, _ = trigram_terms(terms)
         if self.trigram:
-            tagged = "".join(" AND " + w.replace("s.", "t.") for w in where)
+            tagged = "".join(" AND " + w for w in where)
             if long_terms:
                 for joiner in ("AND", "OR"):
                     rows = await self._fetchall_thread(

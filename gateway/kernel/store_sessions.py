@@ -19,7 +19,7 @@ from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso, load_json
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
-from gateway.kernel.store_search import content_text, index_statements
+from gateway.kernel.store_search import index_statements
 from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
 
 
@@ -117,7 +117,6 @@ def _chat_of(session_key: str) -> str | None:
 
 INSERT_MESSAGE = ("INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
                   "VALUES (?, ?, ?, ?, ?, ?)")
-__all__ = ["content_text"]  # re-exported through ``store``
 
 
 UPSERT_TURN = (
