@@ -7,17 +7,18 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent
 from mcp_types import TextResourceContents as TextResource
 from mcp_types import Tool as RemoteTool
 
-from agent.mcp import MCPManager, input_schema, result_text, tool_name
+from agent.mcp import MCPManager, _opened, input_schema, result_text, tool_name
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, MCPConfig, parse_config
@@ -215,6 +216,31 @@ async def test_servers_that_never_start_do_not_stop_the_others(
     await manager.stop()
     assert {s["state"] for s in manager.status().values()} == {"stopped", "disabled"}
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("mcp")]
+
+
+async def test_a_log_opened_while_the_server_task_is_cancelled_is_closed(
+        tmp_path: Path) -> None:
+    """The stop (or the connect timeout) can cancel a server's task while its log file is
+    being opened on a worker thread: the file is closed when the open lands, not leaked."""
+    release, entered = threading.Event(), threading.Event()
+    files: list[IO[str]] = []
+
+    def slow_open(name: str) -> IO[str]:
+        entered.set()
+        release.wait(WAIT)
+        files.append(open(tmp_path / f"{name}.log", "a", encoding="utf-8"))
+        return files[-1]
+
+    task = asyncio.create_task(_opened(slow_open, "fake"))
+    await asyncio.to_thread(entered.wait, WAIT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    async with asyncio.timeout(WAIT):
+        while not (files and files[0].closed):
+            await asyncio.sleep(0)
+    assert files[0].closed
 
 
 # streamable HTTP --------------------------------------------------------------------------
