@@ -117,7 +117,7 @@ async def _opened(open_file: Callable[[str], IO[str]], name: str) -> IO[str]:
         raise
 
 
-def _close_opened(opening: "asyncio.Future[IO[str]]") -> None:
+def _close_opened(opening: asyncio.Future[IO[str]]) -> None:
     if not opening.cancelled() and opening.exception() is None:
         opening.result().close()
 

@@ -1,11 +1,13 @@
-"""OpenAI-compatible chat completions over aiohttp, for ``openai/<name>`` at an ``api_base``.
+"""OpenAI-compatible chat completions, for ``openai/<name>`` at an ``api_base``.
 
 Ollama, vLLM, LM Studio, llama.cpp and most hosted gateways speak this one protocol, so there is
 nothing for litellm to translate. Going through litellm costs ~3 ms of CPU per call (its logging
 object, response metadata and cost lookup; measured in ``bench/``), which was half of what the
 gateway spent on a turn; this client posts the body ``Provider`` already built and reads the
-answer (plain JSON or server-sent events), ~0.3 ms. Errors map onto the same ``ProviderError``
-tree as litellm's, so retries, fallbacks and what the user is told do not depend on the route.
+answer (plain JSON or server-sent events) over ``agent/http1.py``'s keep-alive connections,
+~0.1 ms, or through aiohttp when the environment names a proxy for the server. Errors map onto
+the same ``ProviderError`` tree as litellm's, so retries, fallbacks and what the user is told
+do not depend on the route.
 ``agent.transport: litellm`` sends these models through litellm as well.
 """
 
@@ -22,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 import aiohttp
 import orjson
 
+from agent import http1
 from agent.errors import (
     ProviderAuthError,
     ProviderBadRequest,
@@ -95,7 +98,9 @@ class OpenAIHTTP:
                          "Authorization": auth}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
                                               sock_read=timeout)
+        self._connect_timeout = self._read_timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._origin: http1.Origin | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._completion_tokens_models: set[str] = set()
         self._proxy, self._proxy_auth = env_proxy(url)
@@ -112,10 +117,29 @@ class OpenAIHTTP:
                 connector=aiohttp.TCPConnector(limit=100, ssl=tls_context()))
         return session
 
+    def _direct(self) -> http1.Origin:
+        origin, loop = self._origin, asyncio.get_running_loop()
+        if origin is None or origin.closed or origin.loop is not loop:  # an earlier loop's
+            origin = self._origin = http1.Origin(
+                self.url, self._headers, tls=tls_context() if self.url.startswith("https:")
+                else None, connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout)
+        return origin
+
+    def _open(self, data: bytes) -> Any:
+        """``async with`` it: the answer, read through ``chunks()`` whichever way it came."""
+        if self._proxy is None:
+            return self._direct().post(data)
+        return _Proxied(self._client().post(self.url, data=data, headers=self._headers,
+                                            proxy=self._proxy, proxy_auth=self._proxy_auth))
+
     async def aclose(self) -> None:
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+        origin, self._origin = self._origin, None
+        if origin is not None:
+            await origin.aclose()
 
     async def complete(self, body: dict[str, Any], model: str,
                        on_text: Callable[[str], None] | None = None) -> LLMResponse:
@@ -139,9 +163,7 @@ class OpenAIHTTP:
         started = time.perf_counter()
         data = encode_body(body)
         try:
-            async with self._client().post(self.url, data=data, headers=self._headers,
-                                           proxy=self._proxy, proxy_auth=self._proxy_auth
-                                           ) as resp:
+            async with self._open(data) as resp:
                 if resp.status >= 400:
                     raw = await _read(resp, 64 * 1024, truncate=True)
                     if resp.status in (404, 405) and b"model" not in raw.lower():
@@ -167,20 +189,49 @@ class OpenAIHTTP:
             raise
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise ProviderUnavailable("timed out", model=model, cause="timeout") from exc
-        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
+        except (aiohttp.ClientConnectorCertificateError,
+                ssl.SSLCertVerificationError) as exc:  # retrying cannot help
+            why = getattr(exc, "certificate_error", exc)
+            why = getattr(why, "verify_message", None) or why
             raise ProviderError(
                 f"the TLS certificate of {self.url} is not trusted "
-                f"({exc.certificate_error}); if the server uses a private CA, point "
+                f"({why}); if the server uses a private CA, point "
                 "SSL_CERT_FILE at it", model=model
             ) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             raise ProviderUnavailable("connection failed", model=model) from exc
+        except http1.HTTPError as exc:  # an answer that is not HTTP, a corrupt compression
+            raise ProviderUnavailable(str(exc), model=model, cause="server_error") from exc
         except aiohttp.ClientError as exc:
             raise ProviderUnavailable(f"{type(exc).__name__}: {exc}", model=model,
                                       cause="server_error") from exc
 
 
-def _is_stream(resp: aiohttp.ClientResponse, body: dict[str, Any]) -> bool:
+class _Proxied:
+    """An aiohttp answer (the proxy route) read the way ``http1.Response`` is."""
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+        self.status = 0
+        self.headers: Any = None
+        self.content_type = ""
+        self._resp: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> _Proxied:
+        self._resp = resp = await self._request.__aenter__()
+        self.status, self.headers, self.content_type = resp.status, resp.headers, \
+            resp.content_type
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._request.__aexit__(*exc)
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        assert self._resp is not None
+        return self._resp.content.iter_any()
+
+
+def _is_stream(resp: Any, body: dict[str, Any]) -> bool:
     """Server-sent events: said so by the content type; a stream request answered with no
     type that names JSON is read as events too (what most servers that stream send)."""
     kind = resp.content_type
@@ -198,10 +249,10 @@ def _without_credentials(url: str) -> str:
     return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
 
 
-async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
+async def _read(resp: Any, limit: int, *, truncate: bool = False) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_any():
+    async for chunk in resp.chunks():
         size += len(chunk)
         chunks.append(chunk)
         if size > limit:
@@ -212,12 +263,12 @@ async def _read(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = Fa
     return b"".join(chunks)
 
 
-async def _sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+async def _sse_events(resp: Any) -> AsyncIterator[dict[str, Any]]:
     """The ``data:`` payloads of a server-sent event stream, up to ``[DONE]``. Lines are split
     here, not by aiohttp's readline, whose 128 KB line limit a one-chunk tool call can pass."""
     buffer = b""
     size = 0
-    async for chunk in resp.content.iter_any():
+    async for chunk in resp.chunks():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise ProviderUnavailable("the streamed answer was larger than 32 MB",

@@ -5,6 +5,7 @@ the reconnect, servers that never come up."""
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import sys
 import threading
@@ -223,12 +224,19 @@ async def test_a_log_opened_while_the_server_task_is_cancelled_is_closed(
     """The stop (or the connect timeout) can cancel a server's task while its log file is
     being opened on a worker thread: the file is closed when the open lands, not leaked."""
     release, entered = threading.Event(), threading.Event()
+    closed = asyncio.Event()
+
+    class Log(io.StringIO):
+        def close(self) -> None:
+            super().close()
+            closed.set()  # called on the loop, by the open's done callback
+
     files: list[IO[str]] = []
 
     def slow_open(name: str) -> IO[str]:
         entered.set()
         release.wait(WAIT)
-        files.append(open(tmp_path / f"{name}.log", "a", encoding="utf-8"))
+        files.append(Log())
         return files[-1]
 
     task = asyncio.create_task(_opened(slow_open, "fake"))
@@ -236,10 +244,9 @@ async def test_a_log_opened_while_the_server_task_is_cancelled_is_closed(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert not files  # still opening
     release.set()
-    async with asyncio.timeout(WAIT):
-        while not (files and files[0].closed):
-            await asyncio.sleep(0)
+    await asyncio.wait_for(closed.wait(), WAIT)
     assert files[0].closed
 
 
