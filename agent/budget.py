@@ -44,12 +44,59 @@ def _encoding(name: str) -> tiktoken.Encoding:
     return tiktoken.get_encoding(name)
 
 
+_BY_LINE = frozenset({"cl100k_base", "o200k_base"})
+"""Encodings whose split never joins a line's end to the next line's start (a newline is
+never the optional first character of a word; whitespace before a newline ends at it): a
+text without blank (or all-space) lines or carriage returns counts the same as the sum of
+its lines, each with its newline (``tests/agent/test_budget.py`` checks it against
+whole-text counts)."""
+KNOWN_MAX = 2048
+"""Counts remembered, of texts (and lines) up to ``KNOWN_CHARS`` characters."""
+KNOWN_CHARS = 2000
+BY_LINE_CHARS = 8192
+"""Longer texts (a tool's output, a document) are counted whole: once, and not line by line
+into the memory of counts."""
+
+
 class TokenCounter:
+    """Counts are remembered by text: a turn counts its input two or three times (the
+    request, the stored message) and a runtime block that differs from the last one by its
+    time line; such a block is counted line by line, each line once."""
+
     def __init__(self, model: str) -> None:
         self.encoding = _encoding(encoding_name(model))
+        self._by_line = self.encoding.name in _BY_LINE
+        self._known: dict[str, int] = {}
 
     def count_text(self, text: str) -> int:
-        return len(self.encoding.encode(text, disallowed_special=())) if text else 0
+        if not text:
+            return 0
+        count = self._known.get(text)
+        if count is not None:
+            return count
+        lines = text.split("\n") if self._by_line and len(text) <= BY_LINE_CHARS and \
+            "\r" not in text else ()
+        if len(lines) > 1 and all(line and not line.isspace() for line in lines):
+            last = lines.pop()
+            count = sum(self._count(f"{line}\n") for line in lines) + self._count(last)
+        else:
+            count = len(self.encoding.encode(text, disallowed_special=()))
+        if len(text) <= KNOWN_CHARS:
+            self._remember(text, count)
+        return count
+
+    def _count(self, text: str) -> int:
+        count = self._known.get(text)
+        if count is None:
+            count = len(self.encoding.encode(text, disallowed_special=()))
+            if len(text) <= KNOWN_CHARS:
+                self._remember(text, count)
+        return count
+
+    def _remember(self, text: str, count: int) -> None:
+        if len(self._known) >= KNOWN_MAX:
+            self._known.clear()
+        self._known[text] = count
 
     def count_message(self, message: dict[str, Any]) -> int:
         tokens = MESSAGE_OVERHEAD

@@ -6,7 +6,6 @@ anyone changing it underneath another. Timestamps are always timezone-aware.
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -38,7 +37,15 @@ def new_id() -> str:
     characters. Half a UUID's length: a turn's id is stored eight times over (its row, its
     messages, its model calls, its snapshot and their indexes), and unique enough — a billion
     ids collide with a chance below one in two million."""
-    return base64.b32encode(os.urandom(10)).decode().lower()
+    n = int.from_bytes(os.urandom(10), "big")  # base32 by table, ~2x base64.b32encode's pace
+    return (_B32[n >> 70] + _B32[(n >> 60) & 1023] + _B32[(n >> 50) & 1023]
+            + _B32[(n >> 40) & 1023] + _B32[(n >> 30) & 1023] + _B32[(n >> 20) & 1023]
+            + _B32[(n >> 10) & 1023] + _B32[n & 1023])
+
+
+_DIGITS = "abcdefghijklmnopqrstuvwxyz234567"
+_B32 = [a + b for a in _DIGITS for b in _DIGITS]
+"""Every pair of lower-case base32 digits, by the 10 bits they stand for."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,28 @@ def test_count_text(counter: TokenCounter) -> None:
     assert counter.count_text("hello world") == 2
     # special tokens in user text are plain text, not an error
     assert counter.count_text("<|endoftext|>") > 1
+
+
+@pytest.mark.parametrize("model", ["openai/test-model", "gpt-4o"])
+def test_counted_line_by_line_as_whole(model: str) -> None:
+    """A text is counted line by line (each line remembered) unless a line is blank or all
+    spaces: the same count as the whole text's, for lines that end in punctuation, spaces or
+    digits and lines that start with spaces, dashes or other scripts."""
+    counter = TokenCounter(model)
+    rng = random.Random(7)
+    pieces = ["Time: 2026-11-27 18:40:01", "  - markup: plain", "[Runtime Context]", "x  ",
+              "Channel hints:", "Chat ID: -100123", "héllo wörld ✓", "日本語のテキスト", "'s",
+              "...", "}", "\t tab", "Sender: Ada (id 42)", " leading", "1234567", "$%^&",
+              "ends with a space ", "emoji 🎉🎉", "a/b/c", "don't", "   "]
+    texts = [counter.encoding.decode(counter.encoding.encode(t)) for t in pieces]
+    for _ in range(400):
+        lines = [" ".join(rng.choices(texts, k=rng.randint(1, 3)))
+                 for _ in range(rng.randint(2, 12))]
+        text = "\n".join(lines)
+        whole = len(counter.encoding.encode(text, disallowed_special=()))
+        assert counter.count_text(text) == whole, text
+        assert counter.count_text(text) == whole  # remembered
+    assert counter._known  # the lines were remembered
 
 
 def test_count_message_text(counter: TokenCounter) -> None:

@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 
 from gateway.kernel.bus import BusClosed, MessageBus
-from gateway.kernel.events import InboundMessage, Media, OutboundMessage
+from gateway.kernel.events import InboundMessage, Media, OutboundMessage, new_id
 
 
 def msg(text: str = "hi", **kw: object) -> InboundMessage:
@@ -67,3 +67,17 @@ def test_inbox_rows_of_earlier_versions_keep_their_flags() -> None:
     msg = InboundMessage.from_dict(old)
     assert msg.context_only and msg.senders_inline and msg.metadata == {"other": 1}
     assert InboundMessage.from_dict(event_to_dict(msg)) == msg
+
+
+
+def test_new_ids_are_base32_of_80_random_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    import os
+
+    ids = {new_id() for _ in range(2000)}
+    assert len(ids) == 2000 and all(len(value) == 16 for value in ids)
+    for _ in range(200):  # the table's spelling is base64's, bit for bit
+        bits = os.urandom(10)
+        monkeypatch.setattr(os, "urandom", lambda n, bits=bits: bits)
+        assert new_id() == base64.b32encode(bits).decode().lower()
+        monkeypatch.undo()
