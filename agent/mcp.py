@@ -45,6 +45,7 @@ from agent.tools.base import Tool, ToolError, ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import MCPConfig, MCPServerConfig
+from gateway.kernel.tasks import closing_to_thread
 
 _log = logging.getLogger(__name__)
 
@@ -104,22 +105,6 @@ def result_text(result: CallToolResult) -> str:
     return "\n".join(parts) or "(no output)"
 
 
-
-async def _opened(open_file: Callable[[str], IO[str]], name: str) -> IO[str]:
-    """``open_file(name)`` on a worker thread. A cancel (the gateway stopping, the connect
-    timeout) that lands while the thread is opening closes the file when it arrives instead
-    of leaking it."""
-    opening = asyncio.ensure_future(asyncio.to_thread(open_file, name))
-    try:
-        return await asyncio.shield(opening)
-    except asyncio.CancelledError:
-        opening.add_done_callback(_close_opened)
-        raise
-
-
-def _close_opened(opening: asyncio.Future[IO[str]]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().close()
 
 class MCPTool(Tool):
     """A server's tool in our registry: the schema is the server's, the call goes to it."""
@@ -250,7 +235,7 @@ class _Server:
     async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         cfg = self.config
         if cfg.command is not None:
-            errlog = await _opened(self.manager.open_log, self.name)
+            errlog = await closing_to_thread(self.manager.open_log, self.name)
             stack.callback(errlog.close)
             params = StdioServerParameters(command=cfg.command, args=cfg.args,
                                            env=cfg.env or None)

@@ -5,8 +5,32 @@ it runs: asyncio keeps only a weak reference)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+async def closing_to_thread(make: Callable[..., C], *args: Any) -> C:
+    """``make(*args)`` on a worker thread (opening a file, say). A cancel that lands while the
+    thread works (the gateway stopping, a connect timeout) closes what it makes when it
+    arrives, instead of leaking it."""
+    making = asyncio.ensure_future(asyncio.to_thread(make, *args))
+    try:
+        return await asyncio.shield(making)
+    except asyncio.CancelledError:
+        making.add_done_callback(_close_made)
+        raise
+
+
+def _close_made(making: asyncio.Future[Any]) -> None:
+    if not making.cancelled() and making.exception() is None:
+        making.result().close()
 
 
 class TaskSet:

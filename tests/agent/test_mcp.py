@@ -19,11 +19,12 @@ from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextConten
 from mcp_types import TextResourceContents as TextResource
 from mcp_types import Tool as RemoteTool
 
-from agent.mcp import MCPManager, _opened, input_schema, result_text, tool_name
+from agent.mcp import MCPManager, input_schema, result_text, tool_name
 from agent.tools.base import ToolRegistry
 from agent.turn import TurnContext
 from gateway.kernel.config import ConfigError, MCPConfig, parse_config
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.tasks import closing_to_thread
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py")
 WAIT = 20.0
@@ -239,7 +240,7 @@ async def test_a_log_opened_while_the_server_task_is_cancelled_is_closed(
         files.append(Log())
         return files[-1]
 
-    task = asyncio.create_task(_opened(slow_open, "fake"))
+    task = asyncio.create_task(closing_to_thread(slow_open, "fake"))
     await asyncio.to_thread(entered.wait, WAIT)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

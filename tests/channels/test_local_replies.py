@@ -103,7 +103,7 @@ async def test_long_poll_without_messages_returns_empty_after_wait(
     async with http.get("/v1/messages",
                         params={"chat_id": "c1", "after": "7", "wait": "0.2"}) as resp:
         assert await resp.json() == {"messages": [], "next": 7}
-    assert 0.15 <= loop.time() - t0 < 5
+    assert loop.time() - t0 >= 0.15  # it waited (a lower bound: a busy machine only adds)
 
 
 async def test_send_is_idempotent(channel: LocalChannel) -> None:
