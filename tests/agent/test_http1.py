@@ -89,6 +89,15 @@ def plain(body: bytes) -> bytes:
     return answer(body, "Content-Type: application/json", f"Content-Length: {len(body)}")
 
 
+def writes(wire: bytes) -> Script:
+    """A server that answers every request with ``wire``."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> bool:
+        writer.write(wire)
+        return True
+    return script
+
+
 async def test_one_connection_carries_request_after_request(serve: Callable[..., Awaitable[RawHTTP]]
                                                             ) -> None:
     async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
@@ -146,11 +155,7 @@ WIRES = [
 @pytest.mark.parametrize("wire", WIRES, ids=["chunked", "gzip", "length"])
 async def test_chunked_and_compressed_answers(serve: Callable[..., Awaitable[RawHTTP]],
                                               wire: bytes) -> None:
-    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(wire)
-        return True
-
-    client = origin(await serve(once))
+    client = origin(await serve(writes(wire)))
     assert await body_of(client) == (200, b"hello world")
     await client.aclose()
 
@@ -193,34 +198,16 @@ async def test_a_large_answer_read_slowly_arrives_whole(
     await client.aclose()
 
 
-async def test_what_is_refused(serve: Callable[..., Awaitable[RawHTTP]]) -> None:
-    async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       n: int) -> bool:
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        return True
-
-    client = origin(await serve(not_http))
-    with pytest.raises(http1.BadResponse, match="not HTTP"):
-        await body_of(client)
-    await client.aclose()
-
-    async def huge_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           n: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 70_000 + b"\r\n\r\n")
-        return True
-
-    client = origin(await serve(huge_headers))
-    with pytest.raises(http1.BadResponse, match="headers are larger than 64 KB"):
-        await body_of(client)
-    await client.aclose()
-
-    async def brotli(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     n: int) -> bool:
-        writer.write(answer(b"xx", "Content-Encoding: br", "Content-Length: 2"))
-        return True
-
-    client = origin(await serve(brotli))
-    with pytest.raises(http1.BadResponse, match="'br'"):
+@pytest.mark.parametrize(("wire", "why"), [
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not HTTP"),
+    (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70_000 + b"\r\n\r\n",
+     "headers are larger than 64 KB"),
+    (answer(b"xx", "Content-Encoding: br", "Content-Length: 2"), "'br'"),
+], ids=["not-http", "huge-headers", "brotli"])
+async def test_what_is_refused(serve: Callable[..., Awaitable[RawHTTP]], wire: bytes,
+                               why: str) -> None:
+    client = origin(await serve(writes(wire)))
+    with pytest.raises(http1.BadResponse, match=why):
         await body_of(client)
     await client.aclose()
 
@@ -289,11 +276,12 @@ def test_all_of_it_on_uvloop() -> None:
             for test in (test_one_connection_carries_request_after_request,
                          test_a_pooled_connection_the_server_dropped_is_replaced_once,
                          test_an_interim_answer_and_a_body_that_ends_with_the_connection,
-                         test_a_large_answer_read_slowly_arrives_whole, test_what_is_refused,
+                         test_a_large_answer_read_slowly_arrives_whole,
                          test_a_cut_answer_and_a_silent_server,
                          test_a_cancelled_request_closes_its_connection_and_frees_its_slot):
                 await test(start)
             for wire in WIRES:
                 await test_chunked_and_compressed_answers(start, wire)
+            await test_what_is_refused(start, b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not HTTP")
 
     uvloop.run(every_test())
