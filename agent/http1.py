@@ -153,8 +153,8 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:  # the request is written whole; nothing to hold back
         pass
 
-    def resume_writing(self) -> None:
-        pass
+    def resume_writing(self) -> None:  # a large request went out: the wait for the answer
+        self.last = self.loop.time()   # starts now, not when it was handed to the socket
 
     # -- httptools callbacks -------------------------------------------------------------------
 
@@ -219,7 +219,9 @@ class _Connection(asyncio.Protocol):
         if self.complete or self.closed:
             return
         now = self.loop.time()
-        behind = self.paused or bool(self.chunks)  # the reader's delay, not the server's
+        # The reader's delay, or a request still being sent: not the server's silence.
+        behind = self.paused or bool(self.chunks) or (
+            self.transport is not None and self.transport.get_write_buffer_size() > 0)
         due = self.last + self.origin.read_timeout
         if behind or now < due:
             self.timer = self.loop.call_at(max(due, now + 0.05) if behind else due,
