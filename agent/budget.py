@@ -79,21 +79,20 @@ class TokenCounter:
         if len(lines) > 1 and all(line and not line.isspace() for line in lines):
             last = lines.pop()
             count = sum(self._count(f"{line}\n") for line in lines) + self._count(last)
-        else:
-            count = len(self.encoding.encode(text, disallowed_special=()))
-        if len(text) <= KNOWN_CHARS:
             self._remember(text, count)
-        return count
+            return count
+        return self._count(text)
 
     def _count(self, text: str) -> int:
         count = self._known.get(text)
         if count is None:
             count = len(self.encoding.encode(text, disallowed_special=()))
-            if len(text) <= KNOWN_CHARS:
-                self._remember(text, count)
+            self._remember(text, count)
         return count
 
     def _remember(self, text: str, count: int) -> None:
+        if len(text) > KNOWN_CHARS:
+            return
         if len(self._known) >= KNOWN_MAX:
             self._known.clear()
         self._known[text] = count

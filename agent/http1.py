@@ -97,18 +97,14 @@ class _Connection(asyncio.Protocol):
 
     def finish(self) -> None:
         """The exchange is over (read or abandoned)."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
             self.transport.resume_reading()
 
     def close(self) -> None:
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         if self.transport is not None:
             self.transport.close()
 
@@ -194,12 +190,15 @@ class _Connection(asyncio.Protocol):
 
     def _on_message_complete(self) -> None:
         self.complete = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         self._wake()
 
     # -- inside -------------------------------------------------------------------------------
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _wake(self) -> None:
         waiter = self.waiter

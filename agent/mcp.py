@@ -105,7 +105,6 @@ def result_text(result: CallToolResult) -> str:
     return "\n".join(parts) or "(no output)"
 
 
-
 class MCPTool(Tool):
     """A server's tool in our registry: the schema is the server's, the call goes to it."""
 

@@ -98,7 +98,8 @@ class OpenAIHTTP:
                          "Authorization": auth}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
                                               sock_read=timeout)
-        self._connect_timeout = self._read_timeout = timeout
+        self._seconds = timeout
+        """The direct route's connect and read timeouts (aiohttp's: ``_timeout``)."""
         self._session: aiohttp.ClientSession | None = None
         self._origin: http1.Origin | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -122,8 +123,7 @@ class OpenAIHTTP:
         if origin is None or origin.closed or origin.loop is not loop:  # an earlier loop's
             origin = self._origin = http1.Origin(
                 self.url, self._headers, tls=tls_context() if self.url.startswith("https:")
-                else None, connect_timeout=self._connect_timeout,
-                read_timeout=self._read_timeout)
+                else None, connect_timeout=self._seconds, read_timeout=self._seconds)
         return origin
 
     def _open(self, data: bytes) -> Any:
