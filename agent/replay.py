@@ -57,11 +57,14 @@ async def replay(store: Store, config: Config, session_id: int,
         raise ValueError("this snapshot predates replay support (no inputs stored)")
     if not texts:
         return await _rebuild_from_workspace(store, config, session_id, snapshot)
-    stored = await store.layer_texts([h for _, h in texts["system"]]
-                                     + ([texts["runtime"]] if texts.get("runtime") else [])
+    if "system" not in texts:  # the frame naming them is not stored
+        raise ValueError("the texts this snapshot names are not stored")
+    runtime = [texts["runtime"]] if texts.get("runtime") else []
+    stored = await store.layer_texts([h for _, h in texts["system"]] + runtime
                                      + [c["tools"] for c in snapshot.get("calls", [])
                                         if c.get("tools")])
-    missing = [h for _, h in texts["system"] if h not in stored]
+    missing = [h for _, h in texts["system"] if h not in stored] + [
+        h for h in runtime if h not in stored]
     if missing:
         raise ValueError(f"{len(missing)} layer text(s) of this snapshot are not stored")
     system = {"role": "system",

@@ -124,7 +124,8 @@ def _on_postgres(config: Any, work: Any) -> Any:
 
 def _add(total: dict[str, int], removed: dict[str, int]) -> None:
     for table, n in removed.items():
-        total[table] = total.get(table, 0) + n
+        if n:
+            total[table] = total.get(table, 0) + n
 
 
 @db_app.command("stats")
@@ -164,7 +165,7 @@ async def _vacuum_postgres(store: Any, policy: Any, now: Any) -> tuple[int, dict
     """(bytes before, rows removed, bytes after) on PostgreSQL: retention a batch per
     transaction, then ``VACUUM`` (space reused by the tables; ``VACUUM FULL`` would lock out
     the running gateways)."""
-    from gateway.kernel.store_retention import prune_store, stats_store
+    from gateway.kernel.store_retention import prune_store, stats_store, sweep_texts_store
 
     before = (await stats_store(store))["bytes"]
     removed: dict[str, int] = {}
@@ -172,6 +173,7 @@ async def _vacuum_postgres(store: Any, policy: Any, now: Any) -> tuple[int, dict
         done = await prune_store(store, policy, now)
         _add(removed, done.removed)
         if not done.more:
+            _add(removed, {"layer_texts": len(await sweep_texts_store(store, policy, now))})
             break
     await store.vacuum()
     return before, removed, (await stats_store(store))["bytes"]
@@ -188,7 +190,7 @@ def db_vacuum(
     """Apply retention now, then rewrite the file so the space it freed goes back to the disk
     (on PostgreSQL: ``VACUUM``, the space reused by the tables)."""
     from gateway.kernel.events import utcnow
-    from gateway.kernel.store_retention import policy_of, prune_once, stats
+    from gateway.kernel.store_retention import policy_of, prune_once, stats, sweep_texts
 
     config = load(config_path)
     policy, now = policy_of(config.retention), utcnow()
@@ -203,17 +205,18 @@ def db_vacuum(
             before = stats(conn)["bytes"]
             removed = {}
             try:
-                while prune:
+                rules = [prune_once] if prune else []
+                while rules:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
-                        done = prune_once(conn, policy, now)
+                        done = rules[0](conn, policy, now)
                     except BaseException:
                         conn.execute("ROLLBACK")
                         raise
                     conn.execute("COMMIT")
                     _add(removed, done.removed)
-                    if not done.more:
-                        break
+                    if not done.more:  # then the texts no kept snapshot names, at once
+                        rules = [sweep_texts] if rules[0] is prune_once else []
                 conn.execute("VACUUM")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.OperationalError as exc:

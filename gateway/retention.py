@@ -17,7 +17,7 @@ from datetime import datetime
 from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.events import utcnow
 from gateway.kernel.store import Store
-from gateway.kernel.store_retention import Removed, policy_of, prune_store
+from gateway.kernel.store_retention import Removed, policy_of, prune_store, sweep_texts_store
 from gateway.periodic import run_every
 
 _log = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ class Retention:
         self.store = store
         self.now = now
         self.last: Removed | None = None
+        self._texts_due = True
+        """Snapshots went since the layer texts were last swept (or none were, since the
+        start): a pass over the kept snapshots may find texts no one names any more."""
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -56,6 +59,14 @@ class Retention:
             if not done.more:
                 break
             await asyncio.sleep(0)  # turns waiting for the write lock go first
+        if total.get("context_snapshots") or total.get("turns"):
+            self._texts_due = True
+        if self._texts_due:
+            gone = await sweep_texts_store(self.store, self.policy, now)
+            self.store.forget_texts(gone)
+            if gone:
+                total["layer_texts"] = len(gone)
+            self._texts_due = False
         if total:
             _log.info("retention: removed %s", ", ".join(f"{n} {t}" for t, n in total.items()))
         self.last = total

@@ -216,6 +216,19 @@ class Database:
             async for row in cursor:
                 yield row
 
+    async def read_alone(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` on a connection of its own on a worker thread, outside the store's
+        transactions and lock: a long read (retention's pass over every snapshot) that no
+        turn waits for."""
+        def run() -> T:
+            conn = sqlite3.connect(self.path)
+            try:
+                return fn(conn)
+            finally:
+                conn.close()
+
+        return await asyncio.to_thread(run)
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -209,7 +209,7 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self.problem: str | None = None
-        self._texts_known: set[str] = set()  # LayerTexts' (store_snapshots): its __init__ is
+        self._texts_known: dict[str, float] = {}  # LayerTexts' (store_snapshots): its __init__ is
         # SQLite's, not run here
 
     @classmethod
@@ -319,6 +319,15 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
             return await super().migrate(tables)
         finally:
             await self._call(lambda c: c.execute("SELECT pg_advisory_unlock(19)"))
+
+    async def read_alone(self, fn: Callable[[Any], T]) -> T:
+        """``Database.read_alone``: a connection of its own, so the store's thread and its
+        connection stay free for the turns."""
+        def run() -> T:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                return fn(SyncConnection(conn))
+
+        return await asyncio.to_thread(run)
 
     async def vacuum(self) -> None:
         """``VACUUM (ANALYZE)`` outside a transaction (``parley db vacuum``)."""

@@ -17,18 +17,23 @@ What may go, and what never does:
 - a session's raw turns (``messages`` with their search entries, ``turns`` and their snapshots)
   past their age or beyond a size per session, oldest first, and only those a compaction summary
   already covers (ids below the session's last ``first_kept_id``): what a turn reads is never
-  touched. ``llm_calls`` (the usage ledger) always stay.
+  touched. ``llm_calls`` (the usage ledger) always stay;
+- ``layer_texts`` no kept snapshot names, directly or through a text it names, once untouched
+  for ``TEXTS_GRACE`` (``sweep_texts``).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from gateway.kernel.config_retention import RetentionConfig
-from gateway.kernel.snapshot_frame import history_from
+from gateway.kernel.snapshot_frame import history_from, unpack
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_search import delete_rows
 from gateway.kernel.store_sql import twin
@@ -204,6 +209,85 @@ def prune_once(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
     return out
 
 
+# -- layer texts --------------------------------------------------------------------------------
+
+TEXTS_GRACE = 86400.0
+"""Seconds a layer text stays after it was last written (``touched_at``) even when no kept
+snapshot names it: far longer than ``store_snapshots.TOUCH_EVERY``, so a text a turn names
+without writing it again (its writer remembers it as stored) is never removed under it."""
+_HASH = re.compile(r"[0-9a-f]{64}")
+"""A content hash as snapshots and frames name texts. Anything of that shape in a snapshot or
+a text it names counts as named: keeping a text by mistake costs bytes, losing one a replay."""
+
+
+def _chunks(values: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(values), size):
+        yield values[start:start + size]
+
+
+def _texts_of(conn: sqlite3.Connection, hashes: list[str]) -> list[tuple[str, str]]:
+    if _postgres(conn):
+        return conn.execute("SELECT hash, text FROM layer_texts WHERE hash = ANY(?)",
+                            (hashes,)).fetchall()
+    return conn.execute(f"SELECT hash, text FROM layer_texts WHERE hash IN "
+                        f"({','.join('?' * len(hashes))})", hashes).fetchall()
+
+
+def named_texts(conn: sqlite3.Connection, page: int = 500) -> set[str]:
+    """Every text hash the kept snapshots name: in their rows, and in the texts those name (a
+    frame names the system layers and the tool list; an older runtime block, its template).
+    Read a page at a time, outside any transaction: what a turn writes meanwhile names texts it
+    touched, which ``TEXTS_GRACE`` keeps."""
+    key = "seq" if _postgres(conn) else "rowid"
+    named: set[str] = set()
+    last = -1
+    while True:
+        rows = conn.execute(f"SELECT {key}, detail FROM context_snapshots WHERE {key} > ? "
+                            f"ORDER BY {key} LIMIT ?", (last, page)).fetchall()
+        for _, detail in rows:
+            named.update(_HASH.findall(unpack(detail)))
+        if len(rows) < page:
+            break
+        last = rows[-1][0]
+    todo = sorted(named)
+    while todo:
+        found: list[str] = []
+        for part in _chunks(todo, page):
+            for _, text in _texts_of(conn, part):
+                found.extend(h for h in _HASH.findall(text) if h not in named)
+        named.update(found)
+        todo = sorted(set(found))
+    return named
+
+
+def unnamed_texts(conn: sqlite3.Connection, named: set[str], now: datetime,
+                  grace: float = TEXTS_GRACE) -> list[str]:
+    """The texts ``sweep_texts`` may remove: untouched for ``grace`` and not in ``named``."""
+    rows = conn.execute("SELECT hash FROM layer_texts WHERE touched_at < ?",
+                        (_cutoff(now, grace),)).fetchall()
+    return [r[0] for r in rows if r[0] not in named]
+
+
+def delete_texts(conn: sqlite3.Connection, hashes: list[str], now: datetime,
+                 grace: float = TEXTS_GRACE) -> int:
+    """Remove ``hashes`` that are still untouched for ``grace`` (one batch)."""
+    cutoff = _cutoff(now, grace)
+    if _postgres(conn):
+        return int(conn.execute("DELETE FROM layer_texts WHERE hash = ANY(?) AND touched_at < ?",
+                                (hashes, cutoff)).rowcount)
+    return conn.execute(f"DELETE FROM layer_texts WHERE hash IN ({','.join('?' * len(hashes))})"
+                        " AND touched_at < ?", (*hashes, cutoff)).rowcount
+
+
+def sweep_texts(conn: sqlite3.Connection, policy: Policy, now: datetime) -> Pass:
+    """The layer texts no kept snapshot names, untouched for ``TEXTS_GRACE``, on one
+    connection (``parley db vacuum``: every batch at once)."""
+    done = Pass()
+    for part in _chunks(unnamed_texts(conn, named_texts(conn), now), policy.batch):
+        done.add("layer_texts", delete_texts(conn, part, now))
+    return done
+
+
 # -- figures ----------------------------------------------------------------------------------
 
 COUNTED = ("sessions", "messages", "turns", "llm_calls", "context_snapshots", "layer_texts",
@@ -285,6 +369,19 @@ async def prune_store(db: Database, policy: Policy, now: datetime) -> Pass:
     """One batch of every rule in one short write transaction of the gateway's connection
     (the same lock as a turn's writes: a turn waits at most for one batch)."""
     return await db._write(lambda conn: prune_once(conn, policy, now), slow=True)
+
+
+async def sweep_texts_store(db: Database, policy: Policy, now: datetime) -> list[str]:
+    """``sweep_texts`` in the gateway: the snapshots read on the database's thread with no
+    lock held (a turn never waits for it), the texts removed a batch per short transaction.
+    The hashes removed."""
+    named = await db.read_alone(named_texts)
+    gone = await db.read_alone(lambda conn: unnamed_texts(conn, named, now))
+    removed: list[str] = []
+    for part in _chunks(gone, policy.batch):
+        if await db._write(partial(delete_texts, hashes=part, now=now), slow=True):
+            removed.extend(part)  # (a text touched meanwhile stays: forgetting it is harmless)
+    return removed
 
 
 async def stats_store(db: Database) -> dict[str, Any]:

@@ -154,8 +154,23 @@ ALTER TABLE turns ADD COLUMN person TEXT;
 whose messages are not indexed (a subagent's, a cron job's own). Kept once per turn, where the
 search index used to copy them (and each message's text) into every row of its own."""
 
+TEXTS_TOUCHED = """
+ALTER TABLE layer_texts ADD COLUMN touched_at TEXT;
+UPDATE layer_texts SET touched_at = strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now');
+"""
+TEXTS_TOUCHED_PG = """
+ALTER TABLE layer_texts ADD COLUMN IF NOT EXISTS touched_at TEXT;
+UPDATE layer_texts SET touched_at =
+    to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"');
+"""
+"""Version 3: when a layer text was last written (``store_snapshots.TOUCH_EVERY``), so that
+retention can remove the texts no kept snapshot names (``store_retention.sweep_texts``) without
+racing a turn that names one. The texts already there count as written now; a row without it
+(written by an older version) is never removed."""
+
 CORE = register(TableSet(
-    "core", (Migration(1, SCHEMA, SCHEMA_PG), Migration(2, TURN_TAGS, TURN_TAGS)),
+    "core", (Migration(1, SCHEMA, SCHEMA_PG), Migration(2, TURN_TAGS, TURN_TAGS),
+             Migration(3, TEXTS_TOUCHED, TEXTS_TOUCHED_PG)),
     tables=("sessions", "messages", "turns", "llm_calls", "limit_notices",
             "conversation_models", "context_snapshots", "layer_texts", "inbox", "outbox",
             "compactions"),

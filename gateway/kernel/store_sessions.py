@@ -20,7 +20,7 @@ from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso, load_json
 from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
 from gateway.kernel.store_search import index_statements
-from gateway.kernel.store_snapshots import INSERT_TEXT, LayerTexts
+from gateway.kernel.store_snapshots import UPSERT_TEXT, LayerTexts
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +328,7 @@ class SessionTables(LayerTexts):
             detail: str | bytes = pack(text) if self.dialect == "sqlite" else text
             snapshot_row = (turn_id, session_id, now, snapshot["hash"],
                             snapshot["total_tokens"], detail)
-        text_rows = self._new_texts(texts)
+        text_rows, asked = self._new_texts(texts, now)
         trigram = self.trigram
 
         def write(db: sqlite3.Connection) -> None:
@@ -344,7 +344,7 @@ class SessionTables(LayerTexts):
                                      iso(started_at), now, *(index or (None, None))))
             db.executemany(INSERT_CALL, call_rows)
             if text_rows:
-                db.executemany(INSERT_TEXT, text_rows)
+                db.executemany(UPSERT_TEXT, text_rows)
             if snapshot_row is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO context_snapshots (turn_id, session_id, created_at, "
@@ -355,5 +355,5 @@ class SessionTables(LayerTexts):
                 (len(messages), now, total, session_id))
 
         await self._write(write)
-        self._texts_known.update(h for h, _ in text_rows)
+        self._wrote_texts(text_rows, asked)
 

@@ -8,7 +8,9 @@ because only inspection reads them, never a turn.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 from gateway.kernel.secrets import SECRETS
@@ -33,9 +35,16 @@ _ALL = twin(f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id 
             f"SELECT {SNAPSHOT_COLUMNS} FROM context_snapshots WHERE session_id = %s "
             "ORDER BY created_at, seq")
 
-INSERT_TEXT = "INSERT OR IGNORE INTO layer_texts (hash, text) VALUES (?, ?)"
+UPSERT_TEXT = ("INSERT INTO layer_texts (hash, text, touched_at) VALUES (?, ?, ?) "
+               "ON CONFLICT (hash) DO UPDATE SET touched_at = excluded.touched_at")
 KNOWN_TEXTS = 10_000
 """Hashes remembered as written (a turn's system layers are skipped without a statement)."""
+TOUCH_EVERY = 3600.0
+"""Seconds a text is remembered as written; after that the next snapshot naming it writes it
+again, which renews its ``touched_at``. Retention removes only texts no kept snapshot names
+and none touched for ``store_retention.TEXTS_GRACE`` (a day, far longer): a text a turn names
+without writing it (remembered) was touched less than this long ago, so it is never among
+them, in this process or any other."""
 
 
 _POINTER = TIME_MARK
@@ -50,15 +59,31 @@ class LayerTexts(Database):
 
     def __init__(self, db: Any, path: Path, now: Any = None) -> None:
         super().__init__(db, path, now)
-        self._texts_known: set[str] = set()
+        self._texts_known: dict[str, float] = {}
 
-    def _new_texts(self, texts: dict[str, str] | None) -> list[tuple[str, str]]:
-        """Rows for the texts not written yet (secrets redacted, as in every snapshot)."""
+    def _new_texts(self, texts: dict[str, str] | None,
+                   touched: str) -> tuple[list[tuple[str, str, str]], float]:
+        """Rows (``UPSERT_TEXT``'s) for the texts not written, or not touched, within
+        ``TOUCH_EVERY`` (secrets redacted, as in every snapshot), and when it was: what
+        ``_wrote_texts`` remembers once they are stored."""
+        at = monotonic()
         if not texts:
-            return []
-        if len(self._texts_known) > KNOWN_TEXTS:
-            self._texts_known.clear()
-        return [(h, SECRETS.redact(t)) for h, t in texts.items() if h not in self._texts_known]
+            return [], at
+        known = self._texts_known
+        if len(known) > KNOWN_TEXTS:
+            known.clear()
+        stale = at - TOUCH_EVERY
+        return [(h, SECRETS.redact(t), touched) for h, t in texts.items()
+                if known.get(h, stale) <= stale], at
+
+    def _wrote_texts(self, rows: list[tuple[str, str, str]], at: float) -> None:
+        for row in rows:
+            self._texts_known[row[0]] = at
+
+    def forget_texts(self, hashes: Iterable[str]) -> None:
+        """Texts removed (``store_retention.sweep_texts``): written again when named."""
+        for digest in hashes:
+            self._texts_known.pop(digest, None)
 
     async def layer_texts(self, hashes: list[str]) -> dict[str, str]:
         """The stored texts of ``hashes`` (those found; a runtime block kept as a pointer to

@@ -11,11 +11,13 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agent.replay import replay
 from gateway.app import Gateway
 from gateway.kernel.events import utcnow
+from gateway.kernel.store_db import iso
 from tests.conftest import MakeConfig
 from tests.e2e.test_cli import parley, write_config
 from tests.e2e.test_context_engine import chat_model, is_flush_call, is_summary_call, talk
@@ -28,6 +30,12 @@ async def count(gw: Gateway, sql: str, *params: object) -> int:
     assert gw.store is not None
     row = await gw.store.fetchone(sql, tuple(params))
     return int(row[0])
+
+
+async def run(gw: Gateway, sql: str, *params: object) -> None:
+    assert gw.store is not None
+    async with gw.store.transaction() as db:
+        await db.execute(sql, tuple(params))
 
 
 async def test_retention_removes_old_rows_and_keeps_what_turns_need(
@@ -73,6 +81,11 @@ async def test_retention_removes_old_rows_and_keeps_what_turns_need(
                 if not is_summary_call(r) and not is_flush_call(r)][-1]["messages"]
         assert sent[-1]["content"] == "number 16"
         assert "SUMMARY" in json.dumps(sent[1])
+        # no snapshot left named the texts, so they went too; the next turn wrote again those
+        # this process remembered as written, and replays
+        assert removed["layer_texts"] >= 3
+        [last] = await gw.store.snapshots(session.id)
+        assert (await replay(gw.store, config, session.id, last)).matches
 
 
 async def test_parley_db_stats_and_vacuum(tmp_path: Path, llm: ScriptedLLM,
@@ -102,3 +115,61 @@ async def test_parley_db_stats_and_vacuum(tmp_path: Path, llm: ScriptedLLM,
     assert "KB →" in out
     code, out, err = await parley("db", "stats", "--config", str(tmp_path / "missing.yaml"))
     assert code != 0
+
+
+async def test_layer_texts_no_kept_snapshot_names_go_and_the_rest_replays(
+        make_config: MakeConfig, llm: ScriptedLLM,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snapshots name the system layers, frames and runtime templates by hash; once the
+    snapshots naming a text are gone and the text was not written for a day, retention removes
+    it. A text a kept snapshot names stays, and so does one written within the day."""
+    llm.echo()
+    config = make_config(retention={"snapshots_max_age": "1d", "batch": 2})
+    long_ago = "2000-01-01T00:00:00+00:00"
+    async with Gateway(config) as gw:
+        assert gw.retention is not None and gw.store is not None
+        soul = config.workspace_path / "SOUL.md"
+        soul.write_text(soul.read_text() + "\nSpeak like a sailor.")
+        for i in range(3):
+            await gw.local.ask("c1", f"old {i}", timeout=10)
+        soul.write_text(soul.read_text().replace("like a sailor", "like a poet"))
+        for i in range(2):
+            await gw.local.ask("c1", f"new {i}", timeout=10)
+        sailor = "SELECT COUNT(*) FROM layer_texts WHERE text LIKE '%like a sailor%'"
+        poet = "SELECT COUNT(*) FROM layer_texts WHERE text LIKE '%like a poet%'"
+        assert await count(gw, sailor) == 1 and await count(gw, poet) == 1
+        session = await gw.store.active_session("local:c1")
+        # the first three turns' snapshots are old; every text was last written long ago,
+        # but for one stray text written just now
+        await run(gw, "UPDATE context_snapshots SET created_at = ? WHERE turn_id IN "
+              "(SELECT turn_id FROM context_snapshots ORDER BY created_at "
+              "LIMIT 3)", long_ago)
+        await run(gw, "UPDATE layer_texts SET touched_at = ?", long_ago)
+        await run(gw, "INSERT INTO layer_texts (hash, text, touched_at) VALUES "
+              "(?, ?, ?)", "f" * 64, "written a moment ago", iso())
+        before = await count(gw, "SELECT COUNT(*) FROM layer_texts")
+        removed = await gw.retention.sweep_once()
+        assert removed["context_snapshots"] == 3
+        assert 0 < removed["layer_texts"] < before - 1
+        assert await count(gw, sailor) == 0 and await count(gw, poet) == 1
+        assert await count(gw, "SELECT COUNT(*) FROM layer_texts WHERE hash = ?", "f" * 64) == 1
+        kept = await gw.store.snapshots(session.id)
+        assert len(kept) == 2
+        for snap in kept:  # every text they name is still there
+            assert (await replay(gw.store, config, session.id, snap)).matches
+        # a second sweep finds nothing more to remove
+        assert "layer_texts" not in await gw.retention.sweep_once()
+
+        # a turn names the texts it remembers as written without writing them again, for
+        # an hour; then it writes them again, which renews their time
+        await run(gw, "UPDATE layer_texts SET touched_at = ?", long_ago)
+        await gw.local.ask("c1", "within the hour", timeout=10)
+        fresh = "SELECT COUNT(*) FROM layer_texts WHERE touched_at > ?"
+        assert await count(gw, poet + " AND touched_at > ?", long_ago) == 0
+        import gateway.kernel.store_snapshots as texts
+
+        later = texts.monotonic() + texts.TOUCH_EVERY + 1
+        monkeypatch.setattr(texts, "monotonic", lambda: later)
+        await gw.local.ask("c1", "an hour later", timeout=10)
+        assert await count(gw, poet + " AND touched_at > ?", long_ago) == 1
+        assert await count(gw, fresh, long_ago) >= 3  # the frame and the tool list too

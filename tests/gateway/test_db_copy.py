@@ -88,6 +88,6 @@ async def test_migrate_prepares_a_postgresql_store_and_names_every_table_set(
     for _ in range(2):  # safe to run again
         code, said = await parley(config, "db", "migrate")
         assert code == 0, said
-        for name in ("core v2", "cron v1", "pairing v1", "webchat v2", "local_log v2"):
+        for name in ("core v3", "cron v1", "pairing v1", "webchat v2", "local_log v2"):
             assert name in said
         assert "postgresql://postgres@127.0.0.1" in said

@@ -143,3 +143,29 @@ async def test_media_steps_are_kept_in_the_ledger_by_kind(tmp_path: Path) -> Non
         assert row[0] == 2.5
     finally:
         await store.close()
+
+
+async def test_layer_texts_of_a_version_2_database_count_as_written_at_the_upgrade(
+        where: Path | str) -> None:
+    """Schema version 3 adds ``layer_texts.touched_at`` (retention's grace): the texts a
+    version 2 database holds get the upgrade's time, and turns write it from then on."""
+    store = await Store.open(where)
+    try:
+        async with store.transaction() as db:
+            await db.execute("ALTER TABLE layer_texts DROP COLUMN touched_at")
+            await db.execute("UPDATE schema_versions SET version = 2 WHERE component = 'core'")
+            await db.execute("INSERT INTO layer_texts (hash, text) VALUES (?, ?)",
+                             ("a" * 64, "an older text"))
+    finally:
+        await store.close()
+    store = await Store.open(where)
+    try:
+        [(touched,)] = await store.fetchall("SELECT touched_at FROM layer_texts")
+        assert touched is not None and touched > "2026-"
+        session = await store.active_session("local:c1")
+        await store.save_turn(session_id=session.id, turn_id="t1", inbound_id=None,
+                              messages=[user("hi")], texts={"b" * 64: "a newer text"})
+        rows = await store.fetchall("SELECT hash, touched_at FROM layer_texts ORDER BY hash")
+        assert [r[0][0] for r in rows] == ["a", "b"] and all(r[1] for r in rows)
+    finally:
+        await store.close()
