@@ -7,9 +7,10 @@ anyone changing it underneath another. Timestamps are always timezone-aware.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any, Literal
 
 ChatType = Literal["direct", "group"]
@@ -72,24 +73,35 @@ class Media:
                                   ("text", self.text)) if v is not None}
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_Plan = tuple[Callable[[Any], tuple[Any, ...]], tuple[str, ...], tuple[str, ...]]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    """(every field's value at once, the field names, the fields whose value may need
+    turning into JSON: a datetime, a tuple, the media), once per class."""
+    found = fields(cls)
+    names = tuple(f.name for f in found)
+    special = tuple(f.name for f in found if f.name == "media" or not isinstance(f.type, str)
+                    or "datetime" in f.type or "tuple" in f.type)
+    getter = attrgetter(*names)
+    get = getter if len(names) > 1 else (lambda event: (getter(event),))
+    _PLANS[cls] = plan = (get, names, special)
+    return plan
 
 
 def event_to_dict(event: Any) -> dict[str, Any]:
     """A bus event as JSON-ready data, for the durable inbox and outbox."""
-    names = _FIELD_NAMES.get(type(event))
-    if names is None:  # dataclasses.fields builds a new tuple on every call: once per class
-        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in fields(event))
-    out: dict[str, Any] = {}
-    for name in names:
-        value = getattr(event, name)
+    get, names, special = _PLANS.get(type(event)) or _plan(type(event))
+    out = dict(zip(names, get(event), strict=True))
+    for name in special:
+        value = out[name]
         if isinstance(value, datetime):
-            value = value.isoformat()
+            out[name] = value.isoformat()
         elif name == "media":
-            value = [m.to_dict() for m in value]
+            out[name] = [m.to_dict() for m in value]
         elif isinstance(value, tuple):
-            value = list(value)
-        out[name] = value
+            out[name] = list(value)
     return out
 
 

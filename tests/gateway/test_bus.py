@@ -69,6 +69,30 @@ def test_inbox_rows_of_earlier_versions_keep_their_flags() -> None:
     assert InboundMessage.from_dict(event_to_dict(msg)) == msg
 
 
+def test_events_as_json_data_and_back() -> None:
+    """Every field, each as JSON holds it (times as ISO text, tuples and media as lists), and
+    back to an equal event."""
+    import json
+    from datetime import UTC, datetime
+
+    from gateway.kernel.events import event_to_dict
+
+    when = datetime(2026, 11, 27, 9, 30, tzinfo=UTC)
+    photo = Media(kind="image", path="/tmp/a.png", mime="image/png")
+    msg = InboundMessage(channel="discord", chat_id="5", sender_id="7", text="hi",
+                         media=(photo,), received_at=when, deliver_to=("local", "c1"),
+                         metadata={"k": [1]}, trust="owner", mentioned=True)
+    data = event_to_dict(msg)
+    assert data["received_at"] == "2026-11-27T09:30:00+00:00"
+    assert data["deliver_to"] == ["local", "c1"] and data["media"] == [photo.to_dict()]
+    assert data["trust"] == "owner" and data["mentioned"] is True
+    assert InboundMessage.from_dict(json.loads(json.dumps(data))) == msg
+    out = OutboundMessage(channel="local", chat_id="c1", text="yo", media=(photo,),
+                          created_at=when, stream="s1")
+    data = event_to_dict(out)
+    assert data["created_at"] == "2026-11-27T09:30:00+00:00" and data["stream"] == "s1"
+    assert OutboundMessage.from_dict(json.loads(json.dumps(data))) == out
+
 
 def test_new_ids_are_base32_of_80_random_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     import base64
