@@ -3,8 +3,10 @@ config, the queries: ``gateway/kernel/store_retention.py``).
 
 Every ``retention.sweep_every`` (and once soon after the start) the rules run a batch at a time,
 each batch one short transaction, yielding between batches so turns go first; it never runs on
-a turn's path. Removed rows leave free pages that the file reuses; ``parley db vacuum`` gives
-the space back to the disk.
+a turn's path. After a sweep that removed snapshots (at most once a day) the layer texts no
+kept snapshot names go too: one read of every snapshot, on a connection of its own. Removed
+rows leave free pages that the file reuses; ``parley db vacuum`` gives the space back to the
+disk.
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from datetime import datetime
 from gateway.kernel.config_retention import RetentionConfig
 from gateway.kernel.events import utcnow
 from gateway.kernel.store import Store
-from gateway.kernel.store_retention import Removed, policy_of, prune_store, sweep_texts_store
+from gateway.kernel.store_retention import (
+    TEXTS_GRACE,
+    Removed,
+    policy_of,
+    prune_store,
+    sweep_texts_store,
+)
 from gateway.periodic import run_every
 
 _log = logging.getLogger(__name__)
 
+TEXTS_EVERY = TEXTS_GRACE
+"""Seconds between two passes over the kept snapshots for the layer texts none names (each
+reads every snapshot; a text must be a day untouched to go anyway)."""
 MAX_BATCHES = 10_000
 """Batches per sweep at most (the rest waits for the next sweep)."""
 
@@ -34,9 +45,10 @@ class Retention:
         self.store = store
         self.now = now
         self.last: Removed | None = None
-        self._texts_due = True
-        """Snapshots went since the layer texts were last swept (or none were, since the
-        start): a pass over the kept snapshots may find texts no one names any more."""
+        self._texts_due = False
+        """Snapshots went since the layer texts were last swept: a pass over the kept
+        snapshots may find texts no one names any more."""
+        self._texts_swept: datetime | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -61,7 +73,9 @@ class Retention:
             await asyncio.sleep(0)  # turns waiting for the write lock go first
         if total.get("context_snapshots") or total.get("turns"):
             self._texts_due = True
-        if self._texts_due:
+        if self._texts_due and (self._texts_swept is None
+                                or (now - self._texts_swept).total_seconds() >= TEXTS_EVERY):
+            self._texts_swept = now
             gone = await sweep_texts_store(self.store, self.policy, now)
             self.store.forget_texts(gone)
             if gone:
