@@ -233,8 +233,9 @@ class ContextBuilder:
     def _fit_history(self, history: list[StoredMessage], available: int,
                      trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
         """(messages kept, their tokens, whole turns dropped to fit ``available``, the
-        tokens of all of them). Turns start at a user message (``history_groups``); one pass
-        over the history, as it runs every turn over up to ``max_recent_messages``."""
+        tokens of all of them). Turns start at a user message (``history_groups``). It runs
+        every turn over up to ``max_recent_messages``: a few passes in comprehensions, and the
+        turns' bounds only when some must go."""
         n = len(history)
         first = 0
         while first < n and history[first].role != "user":
@@ -242,34 +243,30 @@ class ContextBuilder:
         if first:  # a turn whose beginning fell outside the window: never half of one
             trimmed.append(f"dropped {first} message(s) of a turn cut by max_recent_messages")
         cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
-        bodies: list[dict[str, Any]] = []
-        starts: list[int] = []  # where each turn starts in ``bodies``
-        turn_tokens: list[int] = []
+        rest = history[first:] if first else history
+        bodies = [m.body for m in rest]
+        counts = [m.tokens for m in rest]
         shortened = 0
-        for m in history[first:]:
-            body, count = m.body, m.tokens
-            if m.role == "user":
-                starts.append(len(bodies))
-                turn_tokens.append(0)
-            elif m.role == "tool" and count > cap:
-                body, count = self.shorten_tool(body, cap)
-                shortened += 1
-            bodies.append(body)
-            turn_tokens[-1] += count
+        for i in [i for i, m in enumerate(rest) if m.role == "tool" and m.tokens > cap]:
+            bodies[i], counts[i] = self.shorten_tool(bodies[i], cap)
+            shortened += 1
         if shortened:
             trimmed.append(f"shortened {shortened} old tool result(s) to "
                            f"{cap} tokens")
-        total = everything = sum(turn_tokens)
+        total = everything = sum(counts)
         dropped = 0
-        while dropped < len(turn_tokens) and total > available:
-            total -= turn_tokens[dropped]
-            dropped += 1
+        kept = bodies
+        if total > available:  # whole turns, oldest first, each from its user message
+            starts = [i for i, m in enumerate(rest) if m.role == "user"]
+            ends = [*starts[1:], len(counts)]
+            while dropped < len(starts) and total > available:
+                total -= sum(counts[starts[dropped]:ends[dropped]])
+                dropped += 1
+            kept = bodies[starts[dropped]:] if dropped < len(starts) else []
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
         self._kept_cap = cap
-        kept = bodies if not dropped else (
-            bodies[starts[dropped]:] if dropped < len(starts) else [])
         return kept, total, dropped, everything
 
     def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:

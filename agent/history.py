@@ -44,14 +44,20 @@ class HistoryCache:
         held = self._held.get(session_id)
         if held is None or held.start != start:
             rows = await self.store.recent_messages(session_id, self.limit + 1, from_id=start)
+            tokens = sum(m.tokens for m in rows)
         else:
             after = held.rows[-1].id + 1 if held.rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
-            rows = (held.rows + new)[-(self.limit + 1):] if new else held.rows
+            rows, tokens = held.rows, held.tokens
+            if new:  # the held tokens go on: what came added, what left the window taken off
+                rows = held.rows + new
+                tokens += sum(m.tokens for m in new)
+                cut = len(rows) - (self.limit + 1)
+                if cut > 0:
+                    tokens -= sum(m.tokens for m in rows[:cut])
+                    rows = rows[cut:]
         if held is not None:
             self._tokens -= held.tokens
-        tokens = held.tokens if held is not None and rows is held.rows \
-            else sum(m.tokens for m in rows)
         self._held[session_id] = _Held(start, rows, tokens)
         self._held.move_to_end(session_id)
         self._tokens += tokens

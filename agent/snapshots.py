@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import islice
+from operator import is_
 from typing import Any
 
 from agent.fingerprint import call_hash
@@ -65,8 +67,11 @@ class RecordingTranscript(Transcript):
         calls = snapshot.setdefault("calls", [])
         added = self.so_far.new_messages
         base, start = self.base, len(self.base)
-        shortened = {i: messages[i] for i in range(len(messages))
-                     if messages[i] is not (base[i] if i < start else added[i - start])}
+        if all(map(is_, messages, base)) and all(map(is_, islice(messages, start, None), added)):
+            shortened: dict[int, dict[str, Any]] = {}  # (most calls: compared at C speed)
+        else:
+            shortened = {i: messages[i] for i in range(len(messages))
+                         if messages[i] is not (base[i] if i < start else added[i - start])}
         tool_text = TOOL_TEXTS.of(tools)
         if tool_text is not None:
             self.texts.setdefault(*tool_text)

@@ -243,3 +243,27 @@ async def test_the_history_cache_reads_only_new_rows_and_stays_bounded(
         assert cache._tokens <= 250 + 150
     finally:
         await store.close()
+
+
+async def test_the_history_cache_counts_its_window_as_it_slides(tmp_path: Path) -> None:
+    """The tokens a session holds go on turn by turn (what came added, what left the window
+    taken off), equal to a count of the rows held."""
+    from agent.history import HistoryCache
+    from gateway.kernel.store import Store
+    from gateway.kernel.store_sessions import NewMessage
+
+    store = await Store.open(tmp_path / "parley.db")
+    try:
+        cache = HistoryCache(store, limit=3)
+        session = (await store.active_session("local:c1")).id
+        for n in range(9):
+            await store.save_turn(session_id=session, turn_id=f"t{n}", inbound_id=None,
+                                  messages=[NewMessage({"role": "user", "content": f"m{n}"},
+                                                       10 + n)] * (1 + n % 2))
+            rows, more = await cache.history(session, None)
+            held = cache._held[session]
+            assert held.tokens == sum(m.tokens for m in held.rows) == cache._tokens
+            assert len(held.rows) <= 4 and more == (len(held.rows) == 4)
+        assert [m.body["content"] for m in rows] == ["m7", "m7", "m8"]
+    finally:
+        await store.close()
