@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -73,7 +74,7 @@ class TurnStats:
         self.recent_errors = [*self.recent_errors[-9:], f"{utcnow():%H:%M:%S} {text}"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class _Turn:
     """One turn's state as it goes through the steps. ``built``, ``record`` and ``hooks``
     belong to one try at the model; a retry after compacting starts them afresh."""
@@ -109,7 +110,15 @@ class _Hooks(RecordingTranscript):
     def __init__(self, flow: TurnFlow, turn: _Turn) -> None:
         super().__init__(turn.built.snapshot, turn.built.texts, turn.built.messages)
         self.flow = flow
-        self.turn = turn
+        self._turn = weakref.ref(turn)
+        """Not the turn itself: it holds these hooks, and a cycle would keep every turn's
+        objects (its context, its messages, its task) until the collector found it."""
+
+    @property
+    def turn(self) -> _Turn:
+        turn = self._turn()
+        assert turn is not None, "the turn's hooks outlived it"
+        return turn
 
     @property
     def wants_text(self) -> bool:  # type: ignore[override]

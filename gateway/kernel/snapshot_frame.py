@@ -62,11 +62,6 @@ def _lean(inbound: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in inbound.items() if k not in _DEFAULTS or _DEFAULTS[k] != v}
 
 
-_TEMPLATES: dict[str, str] = {}
-"""Runtime templates' hashes: a chat's template is the same turn after turn (until the date or
-the queue changes)."""
-
-
 def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
          ) -> tuple[dict[str, Any], dict[str, str]]:
     """(the row's snapshot, the texts to store by hash, the frame among them)."""
@@ -94,11 +89,7 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
         split = split_time(stored[runtime]) if runtime in stored else None
         if split is not None:  # the template once (by its hash), the time in the row
             template, when = split
-            shared = _TEMPLATES.get(template)
-            if shared is None:
-                if len(_TEMPLATES) >= 4096:
-                    _TEMPLATES.clear()
-                shared = _TEMPLATES[template] = hashlib.sha256(template.encode()).hexdigest()
+            shared = hashlib.sha256(template.encode()).hexdigest()
             del stored[runtime]
             stored[shared] = template
             row["texts"]["runtime"] = shared
