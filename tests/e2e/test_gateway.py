@@ -395,3 +395,32 @@ async def test_a_server_that_keeps_the_prompt_is_not_suspected(client: Client,
     llm.reply("hi", usage={"prompt_tokens": 1700, "completion_tokens": 2, "total_tokens": 1702})
     await client.ask("c1", "hello")  # another tokenizer: within its usual difference
     assert gateway.health()["recent_errors"] == []
+
+
+async def test_a_turn_leaves_no_cycle_for_the_collector(make_config: MakeConfig,
+                                                       llm: ScriptedLLM) -> None:
+    """A turn's objects (its context, messages, hooks, task) are freed when it ends, by
+    reference counting: none of them is left in a reference cycle for Python's collector (a
+    cycle kept each turn's whole graph alive until the next collection)."""
+    import gc
+
+    config = make_config()
+    async with Gateway(config) as gw:
+        llm.reply("warm")
+        await gw.local.ask("c1", "warm up", timeout=10)
+        llm.reply("one")
+        llm.tool_call("list_dir", {"path": "."})
+        llm.reply("listed")
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            assert await gw.local.ask("c1", "plain", timeout=10) == "one"
+            assert await gw.local.ask("c1", "with a tool", timeout=10) == "listed"
+            gc.collect()
+            ours = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
+                           if type(o).__module__.split(".")[0] in
+                           ("agent", "gateway", "channels", "workspace")})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        assert ours == []
