@@ -169,12 +169,13 @@ async def _vacuum_postgres(store: Any, policy: Any, now: Any) -> tuple[int, dict
 
     before = (await stats_store(store))["bytes"]
     removed: dict[str, int] = {}
-    while policy is not None:
-        done = await prune_store(store, policy, now)
-        _add(removed, done.removed)
-        if not done.more:
-            _add(removed, {"layer_texts": len(await sweep_texts_store(store, policy, now))})
-            break
+    if policy is not None:
+        while True:
+            done = await prune_store(store, policy, now)
+            _add(removed, done.removed)
+            if not done.more:
+                break
+        _add(removed, {"layer_texts": len(await sweep_texts_store(store, policy, now))})
     await store.vacuum()
     return before, removed, (await stats_store(store))["bytes"]
 
@@ -205,18 +206,19 @@ def db_vacuum(
             before = stats(conn)["bytes"]
             removed = {}
             try:
-                rules = [prune_once] if prune else []
-                while rules:
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        done = rules[0](conn, policy, now)
-                    except BaseException:
-                        conn.execute("ROLLBACK")
-                        raise
-                    conn.execute("COMMIT")
-                    _add(removed, done.removed)
-                    if not done.more:  # then the texts no kept snapshot names, at once
-                        rules = [sweep_texts] if rules[0] is prune_once else []
+                # a batch per transaction; then the texts no kept snapshot names, at once
+                for rule in (prune_once, sweep_texts) if prune else ():
+                    while True:
+                        conn.execute("BEGIN IMMEDIATE")
+                        try:
+                            done = rule(conn, policy, now)
+                        except BaseException:
+                            conn.execute("ROLLBACK")
+                            raise
+                        conn.execute("COMMIT")
+                        _add(removed, done.removed)
+                        if not done.more:
+                            break
                 conn.execute("VACUUM")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.OperationalError as exc:

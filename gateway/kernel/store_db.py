@@ -220,8 +220,8 @@ class Database:
         """``fn`` on a connection of its own on a worker thread, outside the store's
         transactions and lock: a long read (retention's pass over every snapshot) that no
         turn waits for."""
-        def run() -> T:
-            conn = sqlite3.connect(self.path)
+        def run() -> T:  # read-only: a file deleted meanwhile is not made again, empty
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
             try:
                 return fn(conn)
             finally:
