@@ -15,12 +15,14 @@ the server only listens on loopback, because ``{"path"}`` media lets a caller ha
 any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
-its names are re-exported here for the callers that import them from ``channels.local``.
+its names are re-exported here for the callers that import them from ``channels.local``. The
+server that reads and writes the bytes is ``http_serve``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import sqlite3
@@ -28,15 +30,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from aiohttp.typedefs import Middleware
+import orjson
 
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus, LiveReplies, Shown
-from channels.http_api import ApiError, json_errors, listen, read_body
+from channels.http_api import ApiError
+from channels.http_serve import Limits, Reply, Request, Server
 from channels.local_log import ReplyLog
 from channels.local_requests import (
     CHANNEL_NAME,
@@ -46,7 +47,6 @@ from channels.local_requests import (
     InlineMedia,
     PathMedia,
     Spec,
-    bearer_auth,
     is_loopback,
     make_inbound,
     max_body_bytes,
@@ -60,7 +60,7 @@ from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
-from gateway.kernel.store_db import Database, StoreUnavailable, dump_json
+from gateway.kernel.store_db import Database, StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery
 
 __all__ = [
@@ -120,7 +120,12 @@ class LocalChannel(ChannelBase):
         """Long polls waiting per chat: a reply wakes only its own chat's pollers."""
         self._running = False
         self._closing = False
-        self._runner: web.AppRunner | None = None
+        self._server: Server | None = None
+        self._routes: dict[str, dict[str, Callable[[Request], Any]]] = {
+            "/v1/messages": {"POST": self._post_message, "GET": self._get_messages,
+                             "HEAD": self._get_messages},
+            "/v1/health": {"GET": self._get_health, "HEAD": self._get_health}}
+        self._token = f"Bearer {config.token}".encode() if config.token else None
         self.port: int | None = None
         self.base_url: str | None = None
 
@@ -143,15 +148,16 @@ class LocalChannel(ChannelBase):
             raise LocalChannelError(
                 f"channels.local: refusing to listen on {host!r} without a token; "
                 "set channels.local.token or listen on 127.0.0.1")
-        middlewares: list[Middleware] = [json_errors(_log, "local channel")]
-        if self.config.token:
-            middlewares.append(bearer_auth(self.config.token))
-        app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
-        app.router.add_post("/v1/messages", self._post_message)
-        app.router.add_get("/v1/messages", self._get_messages)
-        app.router.add_get("/v1/health", self._get_health)
-        self._runner, self.port = await listen(app, host, port, what="channels.local",
-                                               error=LocalChannelError, shutdown_timeout=5.0)
+        self._server = Server(self._handle, admit=self._admit, refuse=_error, log=_log,
+                              what="local channel",
+                              limits=Limits(self._max_body, self.config.body_timeout,
+                                            "channels.local.body_timeout"))
+        try:
+            self.port = await self._server.listen(host, port)
+        except OSError as exc:
+            self._server = None
+            raise LocalChannelError(
+                f"channels.local: cannot listen on {host}:{port}: {exc}") from exc
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         _log.info("local channel listening on %s", self.base_url)
 
@@ -184,9 +190,9 @@ class LocalChannel(ChannelBase):
         for events in self._waiters.values():
             for event in events:
                 event.set()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(5.0)
         self._running = False
 
     def status(self) -> ChannelStatus:
@@ -347,19 +353,30 @@ class LocalChannel(ChannelBase):
                 raise LocalChannelError("the local channel stopped before an answer came")
         raise TimeoutError(f"no answer in chat {chat_id!r} within {timeout:g} s")
 
-    # --- HTTP handlers ------------------------------------------------------------------------
+    # --- HTTP handlers (``channels/http_serve.py`` reads and writes the bytes) ----------------
 
-    async def _post_message(self, request: web.Request) -> web.Response:
-        too_big = ApiError(f"body: larger than {self._max_body} bytes", 413)
-        if (request.content_length or 0) > self._max_body:
-            raise too_big
+    def _admit(self, request: Request) -> Reply | None:
+        """From the head alone: the token first (nothing about the routes is told without
+        it), then the route and the method. A refused request's body is never read."""
+        if self._token is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode("latin-1"), self._token):
+            return _error(401, "authorization: missing or wrong bearer token")
+        methods = self._routes.get(request.path)
+        if methods is None:
+            return _error(404, "not found")
+        if request.method not in methods:
+            return _error(405, "method not allowed", (("Allow", ", ".join(methods)),))
+        return None
+
+    async def _handle(self, request: Request) -> Reply:
         try:
-            raw = await read_body(request, self.config.body_timeout,
-                                  "channels.local.body_timeout")
-        except web.HTTPRequestEntityTooLarge:
-            raise too_big from None
+            return await self._routes[request.path][request.method](request)  # type: ignore[no-any-return]
+        except ApiError as exc:
+            return _error(exc.status, exc.message)
+
+    async def _post_message(self, request: Request) -> Reply:
         limit = self.config.max_media_bytes
-        msg, specs = parse_post_body(raw, max_text_chars=self.config.max_text_chars,
+        msg, specs = parse_post_body(request.body, max_text_chars=self.config.max_text_chars,
                                      max_media_bytes=limit)
         if self._closing or self._bus.closed:
             raise ApiError("gateway is shutting down", 503)
@@ -378,20 +395,34 @@ class LocalChannel(ChannelBase):
         body: dict[str, Any] = {"message_id": msg.message_id}
         if not new:
             body["duplicate"] = True  # a retry of a message already taken: not answered twice
-        return web.json_response(body, status=202, dumps=dump_json)
+        return Reply(202, orjson.dumps(body))
 
-    async def _get_messages(self, request: web.Request) -> web.Response:
+    async def _get_messages(self, request: Request) -> Reply:
         chat_id, after, wait = parse_poll_query(request.query)
         found, next_seq = await self.wait_messages(chat_id, after=after, timeout=wait)
-        return web.json_response({"messages": found, "next": next_seq}, dumps=dump_json)
+        return Reply(200, _dumps({"messages": found, "next": next_seq}))
 
-    async def _get_health(self, request: web.Request) -> web.Response:
+    async def _get_health(self, request: Request) -> Reply:
         data: dict[str, Any] = {"status": "ok", **self._health()}
         channels = data.setdefault("channels", {})
         if isinstance(channels, dict) and self.name not in channels:
             status = self.status()
             channels[self.name] = {"running": status.running, **status.detail}
-        return web.json_response(data, dumps=partial(json.dumps, default=str))
+        return Reply(200, json.dumps(data, default=str).encode())
+
+
+def _dumps(data: Any) -> bytes:
+    """orjson, or ``json`` for what orjson refuses (an int beyond 64 bits in a record)."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    if status == 401:
+        headers = (*headers, ("WWW-Authenticate", "Bearer"))
+    return Reply(status, _dumps({"error": message}), headers=headers)
 
 
 def create(deps: ChannelDeps) -> LocalChannel:

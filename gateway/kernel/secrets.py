@@ -65,7 +65,9 @@ class Secrets:
 
     def __init__(self) -> None:
         self._values: set[str] = set()
-        self._pattern: re.Pattern[str] | None = None
+        self._matcher: tuple[re.Pattern[str], tuple[str, ...]] | None = None
+        """The pattern and the forms it matches, swapped as one (``add`` may run on a
+        thread while another redacts)."""
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -79,7 +81,7 @@ class Secrets:
             self._values |= new
             forms = sorted({f for v in self._values for f in encodings(v)}, key=len,
                            reverse=True)
-            self._pattern = re.compile("|".join(re.escape(f) for f in forms))
+            self._matcher = (re.compile("|".join(re.escape(f) for f in forms)), tuple(forms))
 
     def add_env(self, environ: Mapping[str, str] | None = None) -> None:
         """The values of the environment's secret-looking variables."""
@@ -92,10 +94,17 @@ class Secrets:
         self.add(*_config_secrets(config))
 
     def redact(self, text: str) -> str:
-        pattern = self._pattern
-        if pattern is None or not text:
+        """``text`` with every secret form replaced. Most texts hold none: a substring test
+        per form (C's fast search) says so ~4x sooner than the pattern, which tries its
+        alternatives at nearly every position (the forms start with any letter or digit)."""
+        matcher = self._matcher
+        if matcher is None or not text:
             return text
-        return pattern.sub(MARK, text)
+        pattern, forms = matcher
+        for form in forms:
+            if form in text:
+                return pattern.sub(MARK, text)
+        return text
 
     def redact_data(self, data: Any) -> Any:
         """``redact`` over the strings of JSON-like data (dicts, lists)."""
@@ -111,7 +120,7 @@ class Secrets:
         """Forget every secret (tests)."""
         with self._lock:
             self._values.clear()
-            self._pattern = None
+            self._matcher = None
 
 
 def _config_secrets(node: Any, name: str = "") -> Iterable[str]:
