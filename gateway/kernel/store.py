@@ -14,6 +14,8 @@ conversation's model). The row types and ``content_text`` are re-exported here, 
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import suppress
 from pathlib import Path
 from typing import Self, cast
 
@@ -58,3 +60,13 @@ class Store(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTable
             await store.close()
             raise
         return store
+
+    async def close(self) -> None:
+        """The messages waiting for the search index go in first (a store that cannot take
+        them leaves them for the next open)."""
+        if not self._closed:
+            if self._indexing is not None:
+                await asyncio.gather(self._indexing, return_exceptions=True)
+            with suppress(Exception):
+                await self.index_messages()
+        await super().close()

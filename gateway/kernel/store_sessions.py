@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -141,6 +141,8 @@ class SessionTables(LayerTexts):
 
     trigram: bool
     """Whether messages are indexed in FTS5 (``SearchTables``, which ``Store`` joins)."""
+    wrote_unindexed: Callable[[int], None]
+    """(``SearchTables``) Messages written for the FTS5 index's next batch."""
 
     # sessions -----------------------------------------------------------------------------
 
@@ -334,7 +336,7 @@ class SessionTables(LayerTexts):
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
             db.executemany(INSERT_OUTBOX, outbox_rows)
-            if index is None:
+            if index is None or trigram:  # FTS5: indexed in batches (store_search)
                 db.executemany(INSERT_MESSAGE, message_rows)
             else:
                 ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
@@ -356,4 +358,6 @@ class SessionTables(LayerTexts):
 
         await self._write(write)
         self._wrote_texts(text_rows, asked)
+        if index is not None and trigram:
+            self.wrote_unindexed(len(message_rows))
 

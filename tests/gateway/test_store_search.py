@@ -6,6 +6,8 @@ import sqlite3
 from pathlib import Path
 
 from gateway.kernel.store import NewMessage, Store
+from gateway.kernel.store_db import Database
+from gateway.kernel.store_search import INDEX_BATCH
 
 
 async def test_messages_from_before_the_index_are_indexed_once(tmp_path: Path) -> None:
@@ -101,15 +103,65 @@ async def test_removed_turns_leave_nothing_in_the_index(tmp_path: Path) -> None:
         await _turn(store, dm.id, "gone", ["wagtail leaves", "[image] ok"],
                     index=("local:a", "local:me"))
         await _turn(store, sub.id, "sub", ["wagtail in a subagent", "x"], index=None)
+        await _turn(store, dm.id, "new", ["wagtail returns", "ok"], index=("local:a", "local:me"))
+        await store._write(lambda db: _remove(db, ["new"]), slow=True)  # before its batch
+        assert await store.index_messages() == 4
         assert _index_terms(path).get("wag") == 1
         await store._write(lambda db: _remove(db, ["gone", "sub"]), slow=True)
         terms = _index_terms(path)
         assert "wag" not in terms and "fis" in terms
+        _check_index(path)
         assert await store.search_messages("wagtail", chat=None) == []
         assert [h.text for h in await store.search_messages("kingfisher", chat="local:a")] \
             == ["kingfisher stays"]
     finally:
         await store.close()
+
+
+def _check_index(path: Path) -> None:
+    """FTS5's own check that the index is consistent in itself (not against ``messages``: it
+    holds ``indexed_text``, not the JSON bodies)."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("INSERT INTO message_text(message_text) VALUES ('integrity-check')")
+    finally:
+        con.close()
+
+
+async def test_the_index_takes_messages_in_batches_and_misses_none(tmp_path: Path) -> None:
+    """A turn's write leaves its messages to the next batch: at ``INDEX_BATCH`` waiting, at a
+    search (which finds what was said a moment ago), at close, at the open after a crash."""
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    tags = ("local:a", "local:me")
+    try:
+        dm = await store.active_session("local:a")
+        await _turn(store, dm.id, "t0", ["the osprey dives", "splash"], index=tags)
+        assert _index_terms(path) == {}  # its own transaction indexed nothing
+        assert [h.text for h in await store.search_messages("osprey", chat="local:a")] == [
+            "the osprey dives"]
+        assert _index_terms(path).get("osp") == 1
+        for i in range(INDEX_BATCH // 2 - 1):
+            await _turn(store, dm.id, f"b{i}", [f"plover {i}", "ok"], index=tags)
+        assert "plo" not in _index_terms(path)
+        await _turn(store, dm.id, "last", ["plover last", "ok"], index=tags)  # the 64th
+        assert store._indexing is not None
+        assert await store._indexing == INDEX_BATCH
+        assert _index_terms(path)["plo"] == INDEX_BATCH // 2
+        await _turn(store, dm.id, "t1", ["a curlew calls", "ok"], index=tags)
+    finally:
+        await store.close()
+    assert _index_terms(path).get("cur") == 1  # at close
+    store = await Store.open(path)
+    try:
+        await _turn(store, dm.id, "t2", ["a dunlin runs", "ok"], index=tags)
+    finally:
+        await Database.close(store)  # as a crash leaves it: not indexed
+    assert "dun" not in _index_terms(path)
+    store = await Store.open(path)
+    await store.close()
+    assert _index_terms(path).get("dun") == 1
+    _check_index(path)
 
 
 def _remove(conn: sqlite3.Connection, turns: list[str]) -> None:
