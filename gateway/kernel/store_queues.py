@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gateway.kernel.events import InboundMessage, OutboundMessage, event_to_dict
-from gateway.kernel.store_db import Database, dump_json, iso
+from gateway.kernel.events import InboundMessage, OutboundMessage, event_json
+from gateway.kernel.store_db import Database, iso
 
 
 def _in_channels(channels: list[str] | None) -> tuple[str, tuple[Any, ...]]:
@@ -40,13 +40,13 @@ INSERT_OUTBOX = (
 
 def outbox_row(msg: OutboundMessage, expires_at: datetime) -> tuple[Any, ...]:
     """An outbox row's values, in ``INSERT_OUTBOX``'s order."""
-    return (msg.idempotency_key, msg.channel, msg.chat_id, msg.kind, dump_json(event_to_dict(msg)),
+    return (msg.idempotency_key, msg.channel, msg.chat_id, msg.kind, event_json(msg),
             iso(msg.created_at), iso(expires_at))
 
 
 def inbox_row(msg: InboundMessage) -> tuple[str, str, str, str, str]:
     """(channel, chat_id, message_id, payload, received_at) as the inbox stores them."""
-    return (msg.channel, msg.chat_id, msg.message_id, dump_json(event_to_dict(msg)),
+    return (msg.channel, msg.chat_id, msg.message_id, event_json(msg),
             iso(msg.received_at))
 
 

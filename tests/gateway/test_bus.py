@@ -94,6 +94,34 @@ def test_events_as_json_data_and_back() -> None:
     assert OutboundMessage.from_dict(json.loads(json.dumps(data))) == out
 
 
+def test_event_json_is_event_to_dict_written() -> None:
+    """The inbox's and outbox's payload: orjson's own writing of an event without media is
+    the very text of ``event_to_dict`` written, naive and other-zone times and metadata
+    included; with media, or a value orjson refuses, the long way gives the same."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from gateway.kernel.events import event_json, event_to_dict
+    from gateway.kernel.store_db import dump_json
+
+    photo = Media(kind="image", path="/tmp/a.png", mime="image/png")
+    events = [
+        InboundMessage(channel="discord", chat_id="5", sender_id="7", text="héllo ✓",
+                       received_at=datetime(2026, 11, 27, 9, 30, 0, 12,
+                                            tzinfo=timezone(timedelta(hours=2))),
+                       deliver_to=("local", "c1"), metadata={"k": [1, None]}),
+        InboundMessage(channel="discord", chat_id="5", sender_id="7", text="hi",
+                       metadata={"big": 2 ** 70}),
+        InboundMessage(channel="discord", chat_id="5", sender_id="7", text="hi", media=(photo,)),
+        OutboundMessage(channel="local", chat_id="c1", text="yo",
+                        created_at=datetime(2026, 11, 27, 9, 30)),
+        OutboundMessage(channel="local", chat_id="c1", text="yo", media=(photo,), stream="s"),
+    ]
+    for event in events:
+        assert event_json(event) == dump_json(event_to_dict(event))
+        assert type(event).from_dict(json.loads(event_json(event))) == event
+
+
 def test_new_ids_are_base32_of_80_random_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     import base64
     import os
