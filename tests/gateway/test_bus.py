@@ -114,7 +114,7 @@ def test_event_json_is_event_to_dict_written() -> None:
                        metadata={"big": 2 ** 70}),
         InboundMessage(channel="discord", chat_id="5", sender_id="7", text="hi", media=(photo,)),
         OutboundMessage(channel="local", chat_id="c1", text="yo",
-                        created_at=datetime(2026, 11, 27, 9, 30)),
+                        created_at=datetime(2026, 11, 27, 9, 30)),  # noqa: DTZ001 - naive too
         OutboundMessage(channel="local", chat_id="c1", text="yo", media=(photo,), stream="s"),
     ]
     for event in events:
