@@ -201,6 +201,8 @@ async def test_token_is_required_when_configured(tmp_path: Path, bus: MessageBus
                         "error": "authorization: missing or wrong bearer token"}
             async with http.get("/v1/health") as resp:
                 assert resp.status == 401
+            async with http.get("/nope") as resp:  # no route is told without the token
+                assert resp.status == 401 and resp.headers["WWW-Authenticate"] == "Bearer"
             auth = {"Authorization": f"Bearer {TOKEN}"}
             async with http.post("/v1/messages", json=GOOD, headers=auth) as resp:
                 assert resp.status == 202
