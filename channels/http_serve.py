@@ -12,11 +12,14 @@ a body past ``Limits.max_body`` (413, by its announced length before a byte of i
 request not received in full within ``Limits.within`` seconds of its first byte (408: a stalled
 or trickling client holds no connection for long), bytes that are not HTTP (400), a request
 the caller refuses from its head alone (``admit``: an unknown route, a missing token: the body
-is never read), a client that pipelines without reading its answers (reading pauses). Each of
-these answers closes the connection. A connection idle for ``KEEPALIVE_SECONDS`` is closed.
+is never read). Each of these answers closes the connection. A client that pipelines without
+reading its answers is read no further until it does; a connection idle for
+``KEEPALIVE_SECONDS`` is closed.
 A client that goes away mid-request is a debug line; a safe request (``GET``, ``HEAD``) whose
 client went away is cancelled, any other runs to its end (a message may be stored: the client
-retries with its ``message_id``).
+retries with its ``message_id``). A client that half-closes its side (sends its end of stream)
+counts as gone: a long poll whose client left must not wait out its 60 s, and HTTP/1.1
+clients do not half-close while they wait for an answer.
 """
 
 from __future__ import annotations
