@@ -1,7 +1,9 @@
-"""What the two HTTP channels (local, WebChat) share: a refused request as an exception, the
-middleware that turns every failure into a JSON ``{"error": ...}`` answer — never an HTML
-page, never a traceback, a client that went away only a debug line — and the check that
-refuses text no Unicode encoding can carry (a lone surrogate), naming the field."""
+"""What the HTTP channels share: a refused request as an exception (``ApiError``), the check
+that refuses text no Unicode encoding can carry (a lone surrogate), naming the field; and, for
+those aiohttp serves (WebChat, the OpenAI-compatible API, Telegram's webhook), ``listen`` and
+the middleware that turns every failure into a JSON ``{"error": ...}`` answer — never an HTML
+page, never a traceback, a client that went away only a debug line. The local channel has its
+own server (``http_serve``) and answers its errors itself, alike."""
 
 from __future__ import annotations
 
