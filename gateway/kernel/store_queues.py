@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gateway.kernel.events import InboundMessage, OutboundMessage, event_json
-from gateway.kernel.store_db import Database, iso
+import orjson
+
+from gateway.kernel.events import InboundMessage, OutboundMessage, event_to_dict
+from gateway.kernel.store_db import Database, dump_json, iso
 
 
 def _in_channels(channels: list[str] | None) -> tuple[str, tuple[Any, ...]]:
@@ -38,15 +40,28 @@ INSERT_OUTBOX = (
     "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 
+def event_payload(event: InboundMessage | OutboundMessage) -> str:
+    """An event as the inbox and the outbox store it: ``dump_json(event_to_dict(event))``,
+    written by orjson from the dataclass itself (~2x sooner) when nothing in it needs
+    ``event_to_dict``'s care (media leave out their empty fields; a value orjson refuses goes
+    the long way)."""
+    if not event.media:
+        try:
+            return orjson.dumps(event).decode()
+        except TypeError:
+            pass
+    return dump_json(event_to_dict(event))
+
+
 def outbox_row(msg: OutboundMessage, expires_at: datetime) -> tuple[Any, ...]:
     """An outbox row's values, in ``INSERT_OUTBOX``'s order."""
-    return (msg.idempotency_key, msg.channel, msg.chat_id, msg.kind, event_json(msg),
+    return (msg.idempotency_key, msg.channel, msg.chat_id, msg.kind, event_payload(msg),
             iso(msg.created_at), iso(expires_at))
 
 
 def inbox_row(msg: InboundMessage) -> tuple[str, str, str, str, str]:
     """(channel, chat_id, message_id, payload, received_at) as the inbox stores them."""
-    return (msg.channel, msg.chat_id, msg.message_id, event_json(msg),
+    return (msg.channel, msg.chat_id, msg.message_id, event_payload(msg),
             iso(msg.received_at))
 
 

@@ -94,15 +94,16 @@ def test_events_as_json_data_and_back() -> None:
     assert OutboundMessage.from_dict(json.loads(json.dumps(data))) == out
 
 
-def test_event_json_is_event_to_dict_written() -> None:
+def test_event_payload_is_event_to_dict_written() -> None:
     """The inbox's and outbox's payload: orjson's own writing of an event without media is
     the very text of ``event_to_dict`` written, naive and other-zone times and metadata
     included; with media, or a value orjson refuses, the long way gives the same."""
     import json
     from datetime import datetime, timedelta, timezone
 
-    from gateway.kernel.events import event_json, event_to_dict
+    from gateway.kernel.events import event_to_dict
     from gateway.kernel.store_db import dump_json
+    from gateway.kernel.store_queues import event_payload
 
     photo = Media(kind="image", path="/tmp/a.png", mime="image/png")
     events = [
@@ -118,8 +119,8 @@ def test_event_json_is_event_to_dict_written() -> None:
         OutboundMessage(channel="local", chat_id="c1", text="yo", media=(photo,), stream="s"),
     ]
     for event in events:
-        assert event_json(event) == dump_json(event_to_dict(event))
-        assert type(event).from_dict(json.loads(event_json(event))) == event
+        assert event_payload(event) == dump_json(event_to_dict(event))
+        assert type(event).from_dict(json.loads(event_payload(event))) == event
 
 
 def test_new_ids_are_base32_of_80_random_bits(monkeypatch: pytest.MonkeyPatch) -> None:
