@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.kernel.fts import TRIGRAM, like_pattern, match_expr, query_words, trigram_terms
-from gateway.kernel.store_db import Database, load_json
+from gateway.kernel.store_db import Database, StoreUnavailable, load_json
 from gateway.kernel.store_sql import TableSet, register, twin
 
 _log = logging.getLogger(__name__)
@@ -197,8 +197,7 @@ class SearchTables(Database):
                       moved)
         if self.trigram and self.dialect == "sqlite":
             await self.ensure_schema(SEARCH_STATE)
-            await self._write(_start_mark, slow=True)
-            await self.index_messages()  # what a crash left waiting
+            await self._write(_open_index, slow=True)  # the mark; what a crash left waiting
 
     def wrote_unindexed(self, n: int) -> None:
         """(``save_turn``) ``n`` messages wait for the FTS5 index: at ``INDEX_BATCH`` a write
@@ -234,7 +233,10 @@ class SearchTables(Database):
         terms = query_words(query, MAX_QUERY_TERMS)
         if not terms:
             return []
-        await self.index_messages()  # what was said a moment ago is found too
+        try:  # what was said a moment ago is found too
+            await self.index_messages()
+        except (sqlite3.Error, StoreUnavailable) as exc:  # a file it may not write: what is in
+            _log.warning("session search: the newest messages are not indexed yet: %s", exc)
         where, params = [], []
         tags = "t" if self.trigram else "s"  # the FTS5 index: the turn's tags; plain: the row's
         if chat is not None:
@@ -300,11 +302,13 @@ class SearchTables(Database):
         return found[:limit]
 
 
-def _start_mark(conn: sqlite3.Connection) -> None:
-    """The mark of a database that has none: its newest message (everything written before
-    the mark existed went into the index with its turn)."""
+def _open_index(conn: sqlite3.Connection) -> int:
+    """At open: the mark of a database that has none is its newest message (everything
+    written before the mark existed went into the index with its turn); then what waits past
+    the mark (a crash's leftovers) goes in."""
     conn.execute("INSERT OR IGNORE INTO search_state (id, indexed_upto) "
                  "SELECT 1, coalesce(max(id), 0) FROM messages")
+    return index_pending(conn)
 
 
 def _convert_old_index(conn: sqlite3.Connection) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from gateway.kernel.store import NewMessage, Store
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_search import INDEX_BATCH
@@ -162,6 +164,28 @@ async def test_the_index_takes_messages_in_batches_and_misses_none(tmp_path: Pat
     await store.close()
     assert _index_terms(path).get("dun") == 1
     _check_index(path)
+
+
+async def test_a_search_when_the_index_cannot_be_brought_up_to_date(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that takes no writes (``check_file`` says why) still answers a search with
+    what the index holds; the messages that wait go in once it can write again."""
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    tags = ("local:a", "local:me")
+    try:
+        dm = await store.active_session("local:a")
+        await _turn(store, dm.id, "t0", ["the osprey dives", "splash"], index=tags)
+        assert await store.index_messages() == 2
+        await _turn(store, dm.id, "t1", ["a second osprey", "ok"], index=tags)
+        monkeypatch.setattr(store, "check_file", lambda: "the folder is read-only")
+        hits = await store.search_messages("osprey", chat="local:a")
+        assert [h.text for h in hits] == ["the osprey dives"]
+        monkeypatch.undo()
+        hits = await store.search_messages("osprey", chat="local:a")
+        assert sorted(h.text for h in hits) == ["a second osprey", "the osprey dives"]
+    finally:
+        await store.close()
 
 
 def _remove(conn: sqlite3.Connection, turns: list[str]) -> None:
