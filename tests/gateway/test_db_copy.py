@@ -23,7 +23,12 @@ async def parley(config: Path, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         PARLEY, *args, "--config", str(config), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, env=env)
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    except BaseException:  # a hung command is not left running after the test
+        proc.kill()
+        await proc.wait()
+        raise
     return proc.returncode or 0, out.decode()
 
 

@@ -55,6 +55,34 @@ async def test_queued_writes_share_one_transaction_and_a_failing_one_fails_alone
     assert statements.count("COMMIT") == 2
 
 
+async def staggered(store: Store, xs: list[int]) -> list[object]:
+    """A write each for ``xs``, each queued one pass of the event loop after the last (as
+    turns running side by side reach their writes)."""
+    writes = []
+    for x in xs:
+        writes.append(asyncio.ensure_future(store.write(insert(x))))
+        await asyncio.sleep(0)
+    return await asyncio.gather(*writes)
+
+
+async def test_a_busy_store_gathers_writes_over_a_few_passes_of_the_loop(
+        store: Store) -> None:
+    """After a batch of several writes, the next batch waits while writes keep coming (up to
+    GATHER_TURNS passes of the loop), so turns running side by side share COMMITs; a store
+    whose batches hold one write each (one chat alone) never waits."""
+    assert store._now is not None
+    statements: list[str] = []
+    store._now.set_trace_callback(statements.append)
+    assert await staggered(store, [1, 2, 3]) == [1, 2, 3]
+    assert statements.count("COMMIT") == 3  # one write a batch: nobody waits
+    assert await asyncio.gather(store.write(insert(4)), store.write(insert(5))) == [4, 5]
+    statements.clear()
+    assert await staggered(store, [6, 7, 8]) == [6, 7, 8]
+    assert statements.count("COMMIT") == 1  # busy: the three gathered into one
+    rows = await store.fetchall("SELECT x FROM t ORDER BY x")
+    assert [r[0] for r in rows] == list(range(1, 9))
+
+
 async def test_a_write_cancelled_before_its_batch_is_left_out(store: Store) -> None:
     async with store.transaction():
         kept = asyncio.ensure_future(store.write(insert(10)))
