@@ -317,11 +317,19 @@ class Database:
     async def _flush(self) -> None:
         if self._last_batch > 1:  # busy: let the turns that are running queue theirs too
             queued = -1
-            for _ in range(GATHER_TURNS):
-                if len(self._queued) == queued:
-                    break  # nothing more came in one pass of the loop
-                queued = len(self._queued)
-                await asyncio.sleep(0)
+            try:
+                for _ in range(GATHER_TURNS):
+                    if len(self._queued) == queued:
+                        break  # nothing more came in one pass of the loop
+                    queued = len(self._queued)
+                    await asyncio.sleep(0)
+            except BaseException:  # the gateway stopping: nothing queued is left waiting
+                waiting, self._queued = self._queued, []
+                for e in waiting:
+                    if not e.future.done():
+                        e.future.set_exception(StoreUnavailable(
+                            "the gateway stopped before this write finished"))
+                raise
         while self._queued:
             async with self._write_lock:
                 batch = [e for e in self._queued if not e.future.done()]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.kernel.store import Store
+from gateway.kernel.store_db import StoreUnavailable
 
 
 @pytest.fixture
@@ -81,6 +82,23 @@ async def test_a_busy_store_gathers_writes_over_a_few_passes_of_the_loop(
     assert statements.count("COMMIT") == 1  # busy: the three gathered into one
     rows = await store.fetchall("SELECT x FROM t ORDER BY x")
     assert [r[0] for r in rows] == list(range(1, 9))
+
+
+async def test_writes_gathering_when_the_gateway_stops_are_told_so(store: Store) -> None:
+    await asyncio.gather(store.write(insert(1)), store.write(insert(2)))  # busy from now on
+    waiting = asyncio.ensure_future(store.write(insert(3)))
+    for _ in range(2):  # the write queued, then the flusher gathering
+        await asyncio.sleep(0)
+    flusher = store._flusher
+    assert flusher is not None and not flusher.done() and not waiting.done()
+    flusher.cancel()
+    with pytest.raises(StoreUnavailable, match="stopped before this write finished"):
+        await waiting
+    with pytest.raises(asyncio.CancelledError):
+        await flusher
+    assert await store.write(insert(4)) == 4  # the next write gets a flusher of its own
+    rows = await store.fetchall("SELECT x FROM t ORDER BY x")
+    assert [r[0] for r in rows] == [1, 2, 4]
 
 
 async def test_a_write_cancelled_before_its_batch_is_left_out(store: Store) -> None:
