@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.kernel.store import NewMessage, Store
+from gateway.kernel.store import NewMessage, SessionRow, Store
 from gateway.kernel.store_db import Database
 from gateway.kernel.store_search import INDEX_BATCH
 
@@ -130,33 +130,46 @@ def _check_index(path: Path) -> None:
         con.close()
 
 
+TAGS = ("local:a", "local:me")
+"""The chat and person the batch tests' messages are found under."""
+
+
+async def _store_with_an_osprey(path: Path) -> tuple[Store, SessionRow]:
+    """A store with one turn in chat ``local:a`` ("the osprey dives"), not yet indexed."""
+    store = await Store.open(path)
+    try:
+        dm = await store.active_session("local:a")
+        await _turn(store, dm.id, "t0", ["the osprey dives", "splash"], index=TAGS)
+    except BaseException:
+        await store.close()
+        raise
+    return store, dm
+
+
 async def test_the_index_takes_messages_in_batches_and_misses_none(tmp_path: Path) -> None:
     """A turn's write leaves its messages to the next batch: at ``INDEX_BATCH`` waiting, at a
     search (which finds what was said a moment ago), at close, at the open after a crash."""
     path = tmp_path / "parley.db"
-    store = await Store.open(path)
-    tags = ("local:a", "local:me")
+    store, dm = await _store_with_an_osprey(path)
     try:
-        dm = await store.active_session("local:a")
-        await _turn(store, dm.id, "t0", ["the osprey dives", "splash"], index=tags)
         assert _index_terms(path) == {}  # its own transaction indexed nothing
         assert [h.text for h in await store.search_messages("osprey", chat="local:a")] == [
             "the osprey dives"]
         assert _index_terms(path).get("osp") == 1
         for i in range(INDEX_BATCH // 2 - 1):
-            await _turn(store, dm.id, f"b{i}", [f"plover {i}", "ok"], index=tags)
+            await _turn(store, dm.id, f"b{i}", [f"plover {i}", "ok"], index=TAGS)
         assert "plo" not in _index_terms(path)
-        await _turn(store, dm.id, "last", ["plover last", "ok"], index=tags)  # the 64th
+        await _turn(store, dm.id, "last", ["plover last", "ok"], index=TAGS)  # the 64th
         assert store._indexing is not None
         assert await store._indexing == INDEX_BATCH
         assert _index_terms(path)["plo"] == INDEX_BATCH // 2
-        await _turn(store, dm.id, "t1", ["a curlew calls", "ok"], index=tags)
+        await _turn(store, dm.id, "t1", ["a curlew calls", "ok"], index=TAGS)
     finally:
         await store.close()
     assert _index_terms(path).get("cur") == 1  # at close
     store = await Store.open(path)
     try:
-        await _turn(store, dm.id, "t2", ["a dunlin runs", "ok"], index=tags)
+        await _turn(store, dm.id, "t2", ["a dunlin runs", "ok"], index=TAGS)
     finally:
         await Database.close(store)  # as a crash leaves it: not indexed
     assert "dun" not in _index_terms(path)
@@ -171,13 +184,10 @@ async def test_a_search_when_the_index_cannot_be_brought_up_to_date(
     """A store that takes no writes (``check_file`` says why) still answers a search with
     what the index holds; the messages that wait go in once it can write again."""
     path = tmp_path / "parley.db"
-    store = await Store.open(path)
-    tags = ("local:a", "local:me")
+    store, dm = await _store_with_an_osprey(path)
     try:
-        dm = await store.active_session("local:a")
-        await _turn(store, dm.id, "t0", ["the osprey dives", "splash"], index=tags)
         assert await store.index_messages() == 2
-        await _turn(store, dm.id, "t1", ["a second osprey", "ok"], index=tags)
+        await _turn(store, dm.id, "t1", ["a second osprey", "ok"], index=TAGS)
         monkeypatch.setattr(store, "check_file", lambda: "the folder is read-only")
         hits = await store.search_messages("osprey", chat="local:a")
         assert [h.text for h in hits] == ["the osprey dives"]
