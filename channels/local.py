@@ -61,7 +61,7 @@ from gateway.kernel.config import LocalChannelConfig
 from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store_db import Database, StoreUnavailable
-from gateway.kernel.values import ChannelHints, Delivery
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
 
 __all__ = [
     "ANSWER_KINDS", "MAX_CHATS", "MAX_IDEMPOTENCY_KEYS", "MAX_ID_CHARS", "MAX_MEDIA_ITEMS",
@@ -200,23 +200,32 @@ class LocalChannel(ChannelBase):
                              detail={"url": self.base_url, "stored": self._stored})
 
     async def send(self, msg: OutboundMessage) -> Delivery:
+        return await self.send_marked(msg, None)
+
+    async def send_marked(self, msg: OutboundMessage, mark: OutboxMark | None) -> Delivery:
+        """``send``, the outbox row marked delivered (``mark``) in the reply log's write when
+        there is one (``Delivery.recorded``): the delivery worker's own write is saved."""
         known = self._deliveries.get(msg.idempotency_key)
         if known is not None:
             return known
         extra = {"stream": msg.stream, "final": True} if msg.stream is not None else {}
-        seq = await self._append(msg, msg.text, msg.kind, extra, msg.idempotency_key)
+        seq = await self._append(msg, msg.text, msg.kind, extra, msg.idempotency_key, mark)
         if isinstance(seq, Delivery):
             return seq
         delivery = Delivery(ok=True, message_ids=(str(seq),))
         self._deliveries[msg.idempotency_key] = delivery
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
+        if mark is not None and self._replies is not None:
+            return Delivery(ok=True, message_ids=delivery.message_ids, recorded=True)
         return delivery
 
     async def _append(self, msg: OutboundMessage, text: str, kind: str,
-                      extra: dict[str, Any], key: str) -> int | Delivery:
+                      extra: dict[str, Any], key: str,
+                      mark: OutboxMark | None = None) -> int | Delivery:
         """A record for ``msg``'s chat (stored first, once per ``key``, when the channel
-        has a reply log), woken pollers; its ``seq``, or the failed delivery."""
+        has a reply log, with ``mark`` in the same write), woken pollers; its ``seq``, or
+        the failed delivery."""
         created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
         record = {"chat_id": msg.chat_id, "text": text,
                   "kind": kind, "reply_to": msg.reply_to,
@@ -228,7 +237,7 @@ class LocalChannel(ChannelBase):
             seq, new = self._seq, True
         else:  # stored first: a reply the log could not keep is not delivered (retried)
             try:
-                seq, new = await self._replies.add(key, record)
+                seq, new = await self._replies.add(key, record, mark)
                 if self._replies.shared:  # with the other processes' before it, in order
                     await self._sync(msg.chat_id)
                     return seq

@@ -19,7 +19,9 @@ from typing import Any
 import orjson
 
 from gateway.kernel.store_db import Database, dump_json
+from gateway.kernel.store_queues import mark_delivered
 from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register, twin
+from gateway.kernel.values import OutboxMark
 
 MAX_KEPT = 5000
 PRUNE_EVERY = 500
@@ -75,13 +77,17 @@ class ReplyLog:
         row = await self._store.fetchone(_LAST_SEQ)
         return int(row[0]) if row else 0
 
-    async def add(self, key: str, record: dict[str, Any]) -> tuple[int, bool]:
+    async def add(self, key: str, record: dict[str, Any],
+                  mark: OutboxMark | None = None) -> tuple[int, bool]:
         """Store ``record`` (without its seq) once per ``key``: ``(seq, True)`` when new, the
-        earlier seq and False when ``key`` was stored before."""
+        earlier seq and False when ``key`` was stored before. ``mark``: the outbox row marked
+        delivered in the same transaction."""
         body = dump_json(record)
 
         def write(db: sqlite3.Connection) -> tuple[int, bool]:
             # one transaction in one hop to the database thread (it was seven: issue 24)
+            if mark is not None:
+                mark_delivered(db, mark)
             row = db.execute("SELECT seq FROM local_replies WHERE idempotency_key = ?",
                              (key,)).fetchone()
             if row is not None:  # looked up first: a refused INSERT would use up a number

@@ -34,7 +34,7 @@ from gateway.kernel.config import DeliveryConfig
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
 from gateway.kernel.store import PendingOutbound, Store
 from gateway.kernel.tasks import TaskSet
-from gateway.kernel.values import ChannelHints, Delivery
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
 from gateway.streaming import StreamDesk
 
 _log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ class ChannelManager:
             if delivery.ok:
                 stats.sent += 1
                 stats.last_send_ok = utcnow()
-                if job.durable and self.store is not None:
+                if job.durable and self.store is not None and not delivery.recorded:
                     await self.store.outbox_result(job.msg.idempotency_key, delivered=True,
                                                    attempts=job.attempts)
                 if job.msg.stream is not None:
@@ -337,9 +337,11 @@ class ChannelManager:
     async def _try(self, channel: Channel, job: _Job) -> Delivery:
         """One send; what it raised, or its running out of time, as a failed ``Delivery``."""
         limit = job.time_left()
+        mark = OutboxMark(job.msg.idempotency_key, job.attempts) \
+            if job.durable and self.store is not None else None
         try:
             async with asyncio.timeout(limit) as timer:
-                return await self._send(channel, job.msg)
+                return await self._send(channel, job.msg, mark)
         except TimeoutError as exc:
             if timer.expired():
                 return Delivery(ok=False, error=f"no answer from {channel.name} within "
@@ -348,13 +350,18 @@ class ChannelManager:
         except Exception as exc:
             return _raised(channel, exc)
 
-    async def _send(self, channel: Channel, msg: OutboundMessage) -> Delivery:
-        """``msg`` sent; a reply that was shown while written goes into what showed it."""
+    async def _send(self, channel: Channel, msg: OutboundMessage,
+                    mark: OutboxMark | None) -> Delivery:
+        """``msg`` sent; a reply that was shown while written goes into what showed it. A
+        channel that sends by writing to our database (``send_marked``) marks the outbox
+        row (``mark``) in that write."""
         if msg.stream is not None:
             message_id = await self.streams.settle(msg.stream)
             live = getattr(channel, "live", None)
             if message_id is not None and live is not None:
                 return await live.finish(msg, message_id)
+        if mark is not None and (marked := getattr(channel, "send_marked", None)) is not None:
+            return await marked(msg, mark)
         return await channel.send(msg)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:

@@ -18,6 +18,7 @@ import orjson
 
 from gateway.kernel.events import InboundMessage, OutboundMessage, event_to_dict
 from gateway.kernel.store_db import Database, dump_json, iso
+from gateway.kernel.values import OutboxMark
 
 
 def _in_channels(channels: list[str] | None) -> tuple[str, tuple[Any, ...]]:
@@ -38,6 +39,17 @@ MARK_DONE = ("UPDATE inbox SET status = 'done', done_at = ? "
 INSERT_OUTBOX = (
     "INSERT OR IGNORE INTO outbox (idempotency_key, channel, chat_id, kind, payload, created_at, "
     "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+_OUTBOX_RESULT = (
+    "UPDATE outbox SET status = ?, attempts = ?, last_error = ?, "
+    "delivered_at = CASE WHEN ? THEN ? ELSE delivered_at END WHERE idempotency_key = ?")
+
+
+def mark_delivered(db: Any, mark: OutboxMark) -> None:
+    """``mark``'s outbox row delivered, inside the caller's transaction (``db``: the
+    connection a ``_write`` function gets)."""
+    db.execute(_OUTBOX_RESULT, ("delivered", mark.attempts, None, True, iso(), mark.key))
 
 
 def event_payload(event: InboundMessage | OutboundMessage) -> str:
@@ -124,10 +136,7 @@ class QueueTables(Database):
         """Record a delivery: delivered, still pending (a failed try), or dead-lettered."""
         status = "delivered" if delivered else ("dead" if dead else "pending")
         row = (status, attempts, error, delivered, iso(), key)
-        await self._write(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, attempts = ?, last_error = ?, "
-            "delivered_at = CASE WHEN ? THEN ? ELSE delivered_at END "
-            "WHERE idempotency_key = ?", row))
+        await self._write(lambda db: db.execute(_OUTBOX_RESULT, row))
 
     async def outbox_counts(self) -> dict[str, int]:
         rows = await self._fetchall(

@@ -25,6 +25,20 @@ class Delivery:
     """The platform may have the message: the request went out, but no readable answer came
     back (a timeout after sending, a connection lost while waiting). The delivery workers
     resend such a message at most once, and say so, rather than until it is delivered."""
+    recorded: bool = False
+    """The channel marked the message's outbox row delivered in the write that stored it
+    (``OutboxMark``, a channel whose sending is a database write): nothing is left to record."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMark:
+    """What a channel that sends by writing to the gateway's database (the local channel's
+    reply log) records in that same transaction: the outbox row ``key`` delivered after
+    ``attempts`` tries (``store_queues.mark_delivered``). One commit where there were two,
+    and no window between the reply stored and its outbox row still pending."""
+
+    key: str
+    attempts: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from channels import local
+from channels.base import ChannelDeps
 from gateway.delivery import ChannelManager
 from gateway.kernel.bus import MessageBus
-from gateway.kernel.config import DeliveryConfig
+from gateway.kernel.config import DeliveryConfig, parse_config
 from gateway.kernel.events import OutboundMessage
 from gateway.kernel.store import Store
 from gateway.kernel.values import Delivery
@@ -110,3 +112,38 @@ async def test_a_second_unknown_outcome_is_not_resent(manager: ChannelManager) -
     state, attempts, error = await status(manager, m)
     assert (state, attempts) == ("dead", 2)
     assert error is not None and error.startswith("outcome unknown twice")
+
+
+
+async def test_the_local_channel_marks_its_outbox_row_in_the_reply_logs_write(
+        tmp_path: Path, manager: ChannelManager) -> None:
+    """A reply to the local channel is stored in its reply log and its outbox row marked
+    delivered in one transaction (``send_marked``): both or neither. Here the outbox row
+    refuses its first update: the reply is not in the log either, and the retry stores both."""
+    store = manager.store
+    assert store is not None
+    config = parse_config({"workspace": str(tmp_path / "ws"), "data_dir": str(tmp_path),
+                           "channels": {"local": {"port": 0}}}, env={})
+    channel = local.create(ChannelDeps(config=config, bus=manager.bus, store=store,
+                                       data_path=config.data_path, health=dict))
+    await channel.start()
+    manager.add(channel)
+    updates: list[int] = []
+
+    def refuse_the_first() -> int:
+        updates.append(1)
+        return int(len(updates) == 1)
+
+    await store._write(lambda db: (  # on the connection the delivery's writes use too
+        db.create_function("refuse_the_first", 0, refuse_the_first),
+        db.execute("CREATE TEMP TRIGGER refuse BEFORE UPDATE ON main.outbox "
+                   "WHEN refuse_the_first() BEGIN SELECT RAISE(ABORT, 'outbox refused'); END")))
+    m = OutboundMessage(channel="local", chat_id="c9", text="answered")
+    delivery = await manager.deliver_now(m)
+    assert delivery.ok and delivery.recorded
+    assert await status(manager, m) == ("delivered", 2, None)
+    rows = await store.fetchall("SELECT chat_id FROM local_replies", ())
+    assert [r[0] for r in rows] == ["c9"]  # once: the refused try stored nothing
+    found, _ = await channel.wait_messages("c9", after=0, timeout=0)
+    assert [r["text"] for r in found] == ["answered"]
+    await channel.stop()
