@@ -63,7 +63,7 @@ from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store import Store
 from gateway.kernel.store_db import StoreUnavailable
-from gateway.kernel.values import ChannelHints, Delivery
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
 
 __all__ = [
     "AUTH_TIMEOUT", "CLOSE_UNAUTHORIZED", "MAX_PROGRESS_LINES", "MAX_QUEUED_FRAMES",
@@ -217,7 +217,11 @@ class WebchatChannel(ChatSockets):
     # --- outbound ---------------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> Delivery:
-        """Log the message (the durable record the page reads), then push it to open pages."""
+        return await self.send_marked(msg, None)
+
+    async def send_marked(self, msg: OutboundMessage, mark: OutboxMark | None) -> Delivery:
+        """Log the message (the durable record the page reads; ``mark``: its outbox row marked
+        delivered in the same write), then push it to open pages."""
         if msg.kind == "progress":  # shown under "working…", never kept
             lines = self._busy.get(msg.chat_id)
             if lines is not None:
@@ -231,7 +235,8 @@ class WebchatChannel(ChatSockets):
         try:
             entry, new = await self._log.add(
                 chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=text,
-                key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at)
+                key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at,
+                mark=mark)
         except (sqlite3.Error, StoreUnavailable) as exc:
             return Delivery(ok=False, error=f"webchat log: {exc}")
         if new:
@@ -240,7 +245,7 @@ class WebchatChannel(ChatSockets):
                 await self._push_answers(msg.chat_id, {entry.seq: msg.stream})
             else:
                 self._push_answer(entry, msg.stream)
-        return Delivery(ok=True, message_ids=(str(entry.seq),))
+        return Delivery(ok=True, message_ids=(str(entry.seq),), recorded=mark is not None)
 
     def _push_answer(self, entry: LogEntry, stream: str | None) -> None:
         frame = {"type": "message", "message": entry.to_json()}

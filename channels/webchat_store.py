@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
 from gateway.kernel.store import Store
+from gateway.kernel.store_queues import mark_delivered
 from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register
+from gateway.kernel.values import OutboxMark
 
 Role = Literal["user", "assistant"]
 
@@ -126,28 +128,32 @@ class WebchatLog:
     async def add(self, *, chat_id: str, role: Role, kind: str, text: str, key: str,
                   image: dict[str, Any] | None = None, message_id: str | None = None,
                   reply_to: str | None = None, accepted: bool = True,
-                  created_at: datetime | None = None) -> tuple[LogEntry, bool]:
+                  created_at: datetime | None = None,
+                  mark: OutboxMark | None = None) -> tuple[LogEntry, bool]:
         """Log one message once: ``(entry, True)`` when new, the earlier entry and False when
-        ``key`` was logged before."""
+        ``key`` was logged before. ``mark``: the outbox row of the answer marked delivered
+        in the same transaction."""
         created = (created_at or datetime.now(UTC)).astimezone(UTC).isoformat()
         image_json = json.dumps(image, separators=(",", ":")) if image else None
-        async with self._store.transaction() as db:
-            async with db.execute(f"SELECT {_COLS} FROM webchat_log WHERE idempotency_key = ?",
-                                  (key,)) as cursor:
-                row = await cursor.fetchone()
+        values = (chat_id, role, kind, text, image_json, image["name"] if image else None,
+                  message_id, reply_to, key, int(accepted), created)
+
+        def write(db: Any) -> tuple[LogEntry, bool]:
+            if mark is not None:
+                mark_delivered(db, mark)
+            row = db.execute(f"SELECT {_COLS} FROM webchat_log WHERE idempotency_key = ?",
+                             (key,)).fetchone()
             if row is not None:
                 return _entry(row), False
-            cursor = await db.execute(
+            seq = db.execute(
                 "INSERT INTO webchat_log (chat_id, role, kind, text, image, media_name, "
                 "message_id, reply_to, idempotency_key, accepted, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, role, kind, text, image_json, image["name"] if image else None,
-                 message_id, reply_to, key, int(accepted), created))
-            seq = cursor.lastrowid
-            await cursor.close()
-        assert seq is not None
-        return LogEntry(seq, chat_id, role, kind, text, image, message_id, reply_to, accepted,
-                        created), True
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values).lastrowid
+            assert seq is not None
+            return LogEntry(int(seq), chat_id, role, kind, text, image, message_id, reply_to,
+                            accepted, created), True
+
+        return await self._store.write(write)
 
     async def mark_accepted(self, seq: int) -> None:
         async with self._store.transaction() as db:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,12 +11,13 @@ import pytest
 
 from channels import local
 from channels.base import ChannelDeps
+from channels.webchat_store import WebchatLog
 from gateway.delivery import ChannelManager
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import DeliveryConfig, parse_config
 from gateway.kernel.events import OutboundMessage
 from gateway.kernel.store import Store
-from gateway.kernel.values import Delivery
+from gateway.kernel.values import Delivery, OutboxMark
 from tests.e2e.test_durability import ScriptedChannel
 
 
@@ -147,3 +149,28 @@ async def test_the_local_channel_marks_its_outbox_row_in_the_reply_logs_write(
     found, _ = await channel.wait_messages("c9", after=0, timeout=0)
     assert [r["text"] for r in found] == ["answered"]
     await channel.stop()
+
+
+async def test_the_webchat_log_marks_the_outbox_row_in_the_same_write(
+        manager: ChannelManager) -> None:
+    """WebChat's answers are logged the same way (``WebchatLog.add(mark=...)``): a refused
+    outbox update leaves no log entry behind; the next try writes both."""
+    store = manager.store
+    assert store is not None
+    log = WebchatLog(store)
+    await log.ensure_schema()
+    m = OutboundMessage(channel="webchat", chat_id="w1", text="answered")
+    await store.outbox_add(m, m.created_at)
+    await store._write(lambda db: db.execute(
+        "CREATE TEMP TRIGGER refuse BEFORE UPDATE ON main.outbox "
+        "BEGIN SELECT RAISE(ABORT, 'outbox refused'); END"))
+    with pytest.raises(sqlite3.IntegrityError):
+        await log.add(chat_id="w1", role="assistant", kind="reply", text=m.text,
+                      key=m.idempotency_key, mark=OutboxMark(m.idempotency_key, 1))
+    assert await log.find(m.idempotency_key) is None
+    assert (await status(manager, m))[0] == "pending"
+    await store._write(lambda db: db.execute("DROP TRIGGER temp.refuse"))
+    entry, new = await log.add(chat_id="w1", role="assistant", kind="reply", text=m.text,
+                               key=m.idempotency_key, mark=OutboxMark(m.idempotency_key, 2))
+    assert new and entry.text == "answered"
+    assert await status(manager, m) == ("delivered", 2, None)
