@@ -33,9 +33,10 @@ class Delivery:
 @dataclass(frozen=True, slots=True)
 class OutboxMark:
     """What a channel that sends by writing to the gateway's database (the local channel's
-    reply log) records in that same transaction: the outbox row ``key`` delivered after
-    ``attempts`` tries (``store_queues.mark_delivered``). One commit where there were two,
-    and no window between the reply stored and its outbox row still pending."""
+    reply log, WebChat's log: their ``send_marked``) records in that same transaction: the
+    outbox row ``key`` delivered after ``attempts`` tries (``store_queues.mark_delivered``).
+    One commit where there were two, and no window between the reply stored and its outbox
+    row still pending."""
 
     key: str
     attempts: int
