@@ -221,9 +221,10 @@ async def main_async(args: argparse.Namespace) -> int:
         "quick" if args.quick else "full", "sizes": sizes.__dict__, "machine": machine(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0), "transport": args.transport,
         "pinning": {role: sorted(cpus) for role, cpus in PINNING.items()},
-        "setup": {"model_server": "separate process (bench.llm_server: ScriptedLLM)",
+        "setup": {"model_server": "separate process (bench.llm_server: httptools, uvloop)",
                   "gateway": "separate process (parley gateway, onboard config)",
-                  "client": "this process (aiohttp, long poll waiting before each POST)"}}
+                  "client": "this process (bench.client: httptools; the long poll is "
+                            "written before each POST)"}}
     results["loadavg_start"] = _loadavg()
     section_s: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="parley-bench-") as tmp:
