@@ -214,7 +214,18 @@ class Provider:
         return (f"The model {model} needs an API key: set agent.api_key in your config "
                 f"(for example api_key: ${{{missing[0]}}}) or export {names} before starting, "
                 "or set agent.api_base to an OpenAI-compatible server such as Ollama, vLLM or "
-                "LM Studio (model: openai/<name>).")
+                "LM Studio (model: openai/<name>)." + self._unset_hint())
+
+    def _unset_hint(self) -> str:
+        """When the config reads the model's settings from variables this environment lacks
+        (``make run`` given them in another shell), which ones."""
+        unset = [f"agent.{key} from ${name}"
+                 for key, name in self.config._defaulted.items()
+                 if key in ("model", "api_key", "api_base")]
+        if not unset:
+            return ""
+        return (f" This config reads {', '.join(unset)}, not set here: export them in this "
+                "shell, or write them into secrets.env beside the config.")
 
     def configuration_problem(self, alias: str | None = None) -> str | None:
         """A message saying exactly what to configure, when no model of ``alias``'s chain

@@ -175,12 +175,16 @@ class ConfigError(Exception):
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
-def _substitute(node: Any, path: str, env: dict[str, str], errors: list[tuple[str, str]]) -> Any:
+def _substitute(node: Any, path: str, env: dict[str, str], errors: list[tuple[str, str]],
+                defaulted: dict[str, str]) -> Any:
+    """``${NAME}`` and ``${NAME:-default}`` replaced from ``env``; a default taken is noted
+    in ``defaulted`` (key path → NAME)."""
     if isinstance(node, dict):
-        return {k: _substitute(v, f"{path}.{k}" if path else str(k), env, errors)
+        return {k: _substitute(v, f"{path}.{k}" if path else str(k), env, errors, defaulted)
                 for k, v in node.items()}
     if isinstance(node, list):
-        return [_substitute(v, f"{path}[{i}]", env, errors) for i, v in enumerate(node)]
+        return [_substitute(v, f"{path}[{i}]", env, errors, defaulted)
+                for i, v in enumerate(node)]
     if not isinstance(node, str):
         return node
 
@@ -189,6 +193,7 @@ def _substitute(node: Any, path: str, env: dict[str, str], errors: list[tuple[st
         if name in env:
             return env[name]
         if default is not None:
+            defaulted[path] = name
             return default
         errors.append((path, f"environment variable {name} is not set "
                              f"(write ${{{name}:-default}} to give a default)"))
@@ -211,7 +216,8 @@ def parse_config(data: Any, *, source: str = "<config>", env: dict[str, str] | N
     if not isinstance(data, dict):
         raise ConfigError(source, [("", "the config must be a mapping of keys to values")])
     errors: list[tuple[str, str]] = []
-    data = _substitute(data, "", dict(os.environ) if env is None else env, errors)
+    defaulted: dict[str, str] = {}
+    data = _substitute(data, "", dict(os.environ) if env is None else env, errors, defaulted)
     if errors:
         raise ConfigError(source, errors)
     try:
@@ -226,6 +232,8 @@ def parse_config(data: Any, *, source: str = "<config>", env: dict[str, str] | N
     if errors:
         raise ConfigError(source, errors)
     config._source = path
+    config.agent._defaulted = {key.removeprefix("agent."): name
+                               for key, name in defaulted.items() if key.startswith("agent.")}
     return config
 
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ByteSize, Field, field_validator, model_validator
+from pydantic import ByteSize, Field, PrivateAttr, field_validator, model_validator
 
 from gateway.kernel.config_fields import (
     Duration,
@@ -327,6 +327,9 @@ class FallbackModelConfig(Section):
 
 
 class AgentConfig(Section):
+    _defaulted: dict[str, str] = PrivateAttr(default_factory=dict)
+    """Keys whose ``${NAME:-default}`` took its default (NAME unset where the config was
+    read): key → NAME (``parse_config``), so a message about them can name the variable."""
     model: str = "openai/gpt-4o-mini"
     api_base: OptionalStr = None
     api_key: OptionalStr = None

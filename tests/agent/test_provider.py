@@ -19,7 +19,7 @@ from agent.errors import (
     ProviderUnavailable,
 )
 from agent.provider import Provider
-from gateway.kernel.config import AgentConfig
+from gateway.kernel.config import AgentConfig, parse_config
 from tests.fakes.openai_server import ScriptedLLM
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -168,6 +168,29 @@ def test_missing_key_names_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert problem and "ANTHROPIC_API_KEY" in problem and "agent.api_key" in problem
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-x")
     assert p.configuration_problem() is None
+
+
+def test_missing_key_names_the_config_variables_unset_here(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """The config ``make run`` writes reads the model from ``${PARLEY_MODEL:-…}`` and its key
+    from ``${PARLEY_API_KEY:-}``: a shell without them gets the default model and no key, and
+    the message says which variables this config wanted."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = parse_config({"agent": {"model": "${PARLEY_MODEL:-openai/gpt-4o-mini}",
+                                     "api_key": "${PARLEY_API_KEY:-}",
+                                     "api_base": "${PARLEY_API_BASE:-}"}}, env={})
+    problem = Provider(config.agent).configuration_problem()
+    assert problem and "OPENAI_API_KEY" in problem
+    assert ("This config reads agent.model from $PARLEY_MODEL, agent.api_key from "
+            "$PARLEY_API_KEY, agent.api_base from $PARLEY_API_BASE, not set here") in problem
+    given = parse_config({"agent": {"model": "${PARLEY_MODEL:-openai/gpt-4o-mini}",
+                                    "api_key": "${PARLEY_API_KEY:-}"}},
+                         env={"PARLEY_MODEL": "anthropic/claude-sonnet-4-5"})
+    assert given.agent.model == "anthropic/claude-sonnet-4-5"
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    problem = Provider(given.agent).configuration_problem()
+    assert problem and "agent.api_key from $PARLEY_API_KEY" in problem
+    assert "PARLEY_MODEL" not in problem  # set: nothing to say about it
 
 
 async def test_not_configured_raises_without_calling(monkeypatch: pytest.MonkeyPatch) -> None:
