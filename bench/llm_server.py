@@ -22,8 +22,7 @@ request, response and router objects cost ~0.8 ms of CPU a call, enough to make 
 the ceiling of the gateway's throughput. Here each request is read by httptools (llhttp, in C)
 in an ``asyncio.Protocol`` and answered at once, in the same callback, with one write:
 nothing in a script waits, so there are no tasks and no timers. ``uvloop`` runs the loop when
-it is importable, orjson reads and writes the JSON, and of a request only what the script
-reads is parsed (``Model._read``).
+it is importable, and orjson reads and writes the JSON.
 """
 
 from __future__ import annotations
@@ -49,8 +48,6 @@ MAX_ANSWER_CHARS = 2000
 MAX_BODY = 64 * 1024 * 1024
 """A request body may be this large (``ScriptedLLM``'s ``client_max_size``); more is 413."""
 MODELS = ("bench-model",)
-READ = frozenset({"model", "messages", "stream", "stream_options"})
-"""The members of a chat request the script reads."""
 STREAM_PIECES = 3
 
 JSON = dict[str, Any]
@@ -124,14 +121,11 @@ class Model:
         """The raw bodies of the last ``KEEP`` chat requests."""
         self._completions = itertools.count(1)
         self._calls = itertools.count(1)
-        self._tail = b""
-        """How the previous request ended: its members after the last one in ``READ``, as
-        bytes (``_tail_of``); empty when it had none or wrote them otherwise."""
 
     def chat(self, raw: bytes) -> Reply:
         self.kept.append(raw)
         try:
-            body = self._read(raw)
+            body = _parse(raw)
         except ValueError as exc:
             return _error(400, f"invalid JSON body: {exc}")
         self.count += 1
@@ -174,25 +168,6 @@ class Model:
                          "finish_reason": finish}],
             "usage": usage})
 
-    def _read(self, raw: bytes) -> JSON:
-        """The request body, or enough of it: its members in ``READ`` at least.
-
-        The gateway's requests end with ``"max_tokens"`` and ``"tools"``, the same bytes every
-        time, and the tool schemas are half a request's bytes and most of the objects a parse
-        builds. When a body ends with the tail the previous one had, the rest with the object
-        closed is read instead: if ``head + "}"`` is a JSON object, ``head`` ends inside the
-        top-level object, so the tail held top-level members only, and none of them is read.
-        Anything else (another tail, a client that spaces its JSON) is read whole."""
-        tail = self._tail
-        if tail and raw.endswith(tail):
-            try:
-                return _parse(raw[:-len(tail)] + b"}")
-            except ValueError:
-                pass
-        body = _parse(raw)
-        self._tail = _tail_of(body, raw)
-        return body
-
     @staticmethod
     def _arguments(function: JSON) -> str:
         """Arguments as OpenAI sends them, a JSON string (``json.dumps``, as ScriptedLLM)."""
@@ -207,21 +182,6 @@ class Model:
     def recent(self, n: int) -> JSON:
         return {"requests": [_kept(raw) for raw in list(self.kept)[-min(n, KEEP):]],
                 "count": self.count}
-
-
-def _tail_of(body: JSON, raw: bytes) -> bytes:
-    """The members after the last one in ``READ``, as ``raw`` ends with them (``,"k":v...}``);
-    empty when there are none, or ``raw`` is not written as orjson writes them."""
-    names = list(body)
-    last_read = max((i for i, name in enumerate(names) if name in READ), default=-1)
-    rest = names[last_read + 1:]
-    if not rest:
-        return b""
-    try:
-        tail = b"," + orjson.dumps({name: body[name] for name in rest})[1:]
-    except TypeError:  # a value only ``json`` reads and writes
-        return b""
-    return tail if raw.endswith(tail) else b""
 
 
 def _kept(raw: bytes) -> JSON:
