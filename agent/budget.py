@@ -86,7 +86,7 @@ class TokenCounter:
     def _count(self, text: str) -> int:
         count = self._known.get(text)
         if count is None:
-            count = len(self.encoding.encode(text, disallowed_special=()))
+            count = len(self.encoding.encode_ordinary(text))  # = encode(disallowed_special=())
             self._remember(text, count)
         return count
 

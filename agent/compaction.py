@@ -134,7 +134,7 @@ class Compactor:
         """A summary never outgrows its cap, whatever the model returned: it is carried into
         every later summary (and so compacted again with it), so an overlong one would grow
         without bound."""
-        tokens = self.counter.encoding.encode(summary, disallowed_special=())
+        tokens = self.counter.encoding.encode_ordinary(summary)
         if len(tokens) <= cap:
             return summary
         return self.counter.encoding.decode(tokens[:cap]).rstrip() + " […]"

@@ -29,6 +29,7 @@ from agent.system_prompt import (
     SystemPrompt,
     SystemPrompts,
 )
+from agent.time_line import TimeLine
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, Media, event_to_dict
@@ -117,8 +118,7 @@ class ContextBuilder:
         self.loader = self.prompts.loader
         self.skills = self.prompts.skills
         self.tz = ZoneInfo(config.agent.timezone)
-        zone = config.agent.timezone.replace("%", "%%")
-        self._time_format = f"Time: %Y-%m-%d %H:%M:%S {zone} (UTC%z), %A"
+        self._time_line = TimeLine(self.tz, config.agent.timezone)
         memory = config.agent.memory
         self.memory_enabled = memory.enabled
         self._summary_tokens: dict[int, int] = {}
@@ -155,13 +155,12 @@ class ContextBuilder:
                       state: TurnState | None = None) -> str:
         """``model``: the one this turn asks (a conversation's ``/model``), else the
         default; ``state``: the queue behind the turn and the last turn's end."""
-        local = inbound.received_at.astimezone(self.tz)
         sender = inbound.sender_name or inbound.sender_id
         if inbound.sender_name:
             sender = f"{inbound.sender_name} (id {inbound.sender_id})"
         lines = [
             RUNTIME_TAG,
-            local.strftime(self._time_format),  # one strftime: ~2x three f-string formats
+            self._time_line(inbound.received_at),
             f"Channel: {inbound.channel}",
             f"Chat ID: {inbound.chat_id}",
             f"Chat type: {inbound.chat_type}",
@@ -271,8 +270,7 @@ class ContextBuilder:
         return kept, total, dropped, everything
 
     def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
-        tokens = self.counter.encoding.encode(str(body.get("content") or ""),
-                                              disallowed_special=())
+        tokens = self.counter.encoding.encode_ordinary(str(body.get("content") or ""))
         head = self.counter.encoding.decode(tokens[:cap])
         text = f"{head}\n[… tool result shortened from {len(tokens)} tokens …]"
         new = {**body, "content": text}

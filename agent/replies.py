@@ -21,8 +21,9 @@ def nowhere(msg: InboundMessage) -> bool:
 
 
 def outbound(msg: InboundMessage, text: str, kind: OutboundKind, turn_id: str | None = None,
-             key: str | None = None) -> OutboundMessage:
-    """The answer to ``msg``; ``key`` tells apart several answers of one kind (progress)."""
+             key: str | None = None, stream: str | None = None) -> OutboundMessage:
+    """The answer to ``msg``; ``key`` tells apart several answers of one kind (progress);
+    ``stream``: the live reply it ends, or opens."""
     system = msg.deliver_to is not None
     channel, chat_id = msg.deliver_to or (msg.channel, msg.chat_id)
     if kind == "reply" and msg.kind in ("cron", "heartbeat"):
@@ -31,6 +32,7 @@ def outbound(msg: InboundMessage, text: str, kind: OutboundKind, turn_id: str | 
         channel=channel, chat_id=chat_id, text=SECRETS.redact(text), kind=kind,
         reply_to=None if system else msg.message_id,
         thread_id=msg.deliver_thread if system else msg.thread_id, turn_id=turn_id,
+        stream=stream,
         idempotency_key=f"{msg.channel}:{msg.chat_id}:{msg.message_id}:{kind}:{key or ''}")
 
 

@@ -45,6 +45,7 @@ from gateway.kernel.config import Config
 from gateway.kernel.events import (
     InboundMessage,
     MessageStage,
+    OutboundKind,
     OutboundMessage,
     Stage,
     new_id,
@@ -167,9 +168,10 @@ def stage(bus: MessageBus, sources: list[InboundMessage], name: Stage) -> None:
                                    thread_id=msg.thread_id))
 
 
-def _streamed(turn: _Turn, reply: OutboundMessage) -> OutboundMessage:
-    """``reply`` marked as the final of the turn's stream, if it had one."""
-    return reply if turn.stream is None else replace(reply, stream=turn.stream.key)
+def _final(turn: _Turn, text: str, kind: OutboundKind) -> OutboundMessage:
+    """The turn's answer, marked as the final of the turn's stream if it had one."""
+    return outbound(turn.msg, text, kind, turn.ctx.turn_id,
+                    stream=None if turn.stream is None else turn.stream.key)
 
 
 def _deliverable(turn: _Turn, text: str) -> bool:
@@ -278,8 +280,8 @@ class TurnFlow:
         turn = _Turn(work, lane, ctx, await self.store.compaction(session.id),
                      await self.ends.state(session.id, lane))
         if msg.kind == "user" and not nowhere(msg):
-            turn.stream = self.bus.open_stream(replace(
-                outbound(msg, "", "reply", ctx.turn_id),
+            turn.stream = self.bus.open_stream(outbound(
+                msg, "", "reply", ctx.turn_id,
                 stream=stream_key(msg.channel, msg.chat_id, msg.message_id)))
         return turn
 
@@ -333,7 +335,7 @@ class TurnFlow:
     async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> Outcome:
         """The turn and its reply stored in one transaction, then the reply sent (unless
         it is not to be: see ``_deliverable``)."""
-        reply = _streamed(turn, outbound(turn.msg, result.text, "reply", turn.ctx.turn_id))
+        reply = _final(turn, result.text, "reply")
         deliver = _deliverable(turn, result.text)
         if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
             reply = await self._spoken(turn, reply)
@@ -360,7 +362,7 @@ class TurnFlow:
         self.stats.error(f"{type(exc).__name__}: {exc}")
         text = exc.user_message if isinstance(exc, ProviderError) else \
             ProviderContextTooLarge(str(exc)).user_message
-        reply = _streamed(turn, outbound(turn.msg, text, "error", turn.ctx.turn_id))
+        reply = _final(turn, text, "error")
         quiet = nowhere(turn.msg)
         await self.ends.finish(turn.record, turn.hooks.so_far, status="error", error=str(exc),
                                outbound=[] if quiet else self.replies.outbox(reply))

@@ -47,6 +47,20 @@ JSON = "application/json; charset=utf-8"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
+def parse_query(query: str) -> dict[str, str]:
+    """A query string's fields, the first of a repeated name kept: ``parse_qsl``'s reading
+    (blank values kept, ``%``-escapes as UTF-8, strictly), without its per-field Python work
+    for the usual query that has nothing to unescape (``?after=12&wait=30``)."""
+    if "%" in query or "+" in query:
+        return dict(reversed(parse_qsl(query, keep_blank_values=True, errors="strict")))
+    fields: dict[str, str] = {}
+    for part in query.split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            fields.setdefault(name, value)
+    return fields
+
+
 @dataclass(slots=True)
 class Request:
     """One request: ``headers`` by lower-cased name (the first of repeated ones), the
@@ -254,9 +268,7 @@ class _Connection(asyncio.Protocol):
         url = httptools.parse_url(b"".join(partial.url))
         try:
             path = (url.path or b"/").decode()
-            query = ({} if not url.query else
-                     dict(reversed(parse_qsl(url.query.decode(), keep_blank_values=True,
-                                             errors="strict"))))
+            query = {} if not url.query else parse_query(url.query.decode())
         except UnicodeDecodeError:
             raise _Refused(server.refuse(400, "request: the address is not valid UTF-8",
                                          ())) from None

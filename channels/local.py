@@ -58,7 +58,7 @@ from channels.local_requests import (
 )
 from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
-from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
+from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust, isoformat
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store_db import Database, StoreUnavailable
 from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
@@ -230,7 +230,7 @@ class LocalChannel(ChannelBase):
         record = {"chat_id": msg.chat_id, "text": text,
                   "kind": kind, "reply_to": msg.reply_to,
                   "media": [m.to_dict() for m in msg.media],
-                  "created_at": created.astimezone(UTC).isoformat(),
+                  "created_at": isoformat(created.astimezone(UTC)),
                   "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
         if self._replies is None:
             self._seq += 1

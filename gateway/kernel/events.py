@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import MAXYEAR, UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -31,6 +31,31 @@ def lowest_trust(levels: Iterable[Trust]) -> Trust:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def isoformat(ts: datetime) -> str:
+    """``ts.isoformat()``, the same text, in a third of the work for a UTC time: the date and
+    time to the second are formatted once a second, the microseconds by table (a turn stores
+    about nine timestamps; ``datetime.isoformat`` formats through C's printf, ~12,000
+    instructions each)."""
+    global _second
+    if ts.tzinfo is not UTC:
+        return ts.isoformat()
+    start, end, text = _second
+    if not start <= ts < end:
+        start = ts.replace(microsecond=0)
+        if start.year == MAXYEAR:  # the second after it would overflow
+            return ts.isoformat()
+        text = start.isoformat()[:-6]  # without "+00:00"
+        _second = start, start + timedelta(seconds=1), text
+    us = ts.microsecond
+    return f"{text}.{_D3[us // 1000]}{_D3[us % 1000]}+00:00" if us else f"{text}+00:00"
+
+
+_second = (datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC), "")
+"""The second ``isoformat`` formatted last: [start, end) and its text (one tuple: replaced
+whole, so a thread never sees half of it)."""
+_D3 = tuple(f"{i:03d}" for i in range(1000))
 
 
 def new_id() -> str:
@@ -97,7 +122,7 @@ def event_to_dict(event: Any) -> dict[str, Any]:
     for name in special:
         value = out[name]
         if isinstance(value, datetime):
-            out[name] = value.isoformat()
+            out[name] = isoformat(value)
         elif name == "media":
             out[name] = [m.to_dict() for m in value]
         elif isinstance(value, tuple):

@@ -30,7 +30,7 @@ from typing import Any, Self, TypeVar
 import aiosqlite
 import orjson
 
-from gateway.kernel.events import utcnow
+from gateway.kernel.events import isoformat, utcnow
 from gateway.kernel.store_schema import CORE, SCHEMA, SCHEMA_VERSION, VERSIONS, upgrade_sqlite
 from gateway.kernel.store_sql import TableSet
 
@@ -52,7 +52,7 @@ class MessageTakenOver(Exception):
 
 def iso(ts: datetime | None = None) -> str:
     """A timestamp as stored: ISO 8601, now when not given."""
-    return (ts or utcnow()).isoformat()
+    return isoformat(ts or utcnow())
 
 
 def dump_json(data: Any) -> str:
@@ -173,6 +173,8 @@ class Database:
         self._closed = False
         info = os.stat(path)
         self._identity = (info.st_dev, info.st_ino)
+        self._writable: tuple[int, int, int, int] | None = None
+        """(mode, owner, group, change time) of the file when ``access`` last said writable."""
         self.problem: str | None = None
         """Why the last write could not land (None once one did)."""
 
@@ -253,19 +255,23 @@ class Database:
 
     def check_file(self) -> str | None:
         """Why the database file can take no writes (gone, replaced, read-only), or None.
-        One ``stat``: cheap enough for every write and every health check."""
-        where = f"database {self.path}"
+        One ``stat``: cheap enough for every write and every health check (``access`` only
+        when the file's mode, owner or change time moved since it last said writable)."""
         try:
             info = os.stat(self.path)
         except FileNotFoundError:
-            return (f"{where} is gone (deleted or moved while the gateway ran); messages are "
-                    "refused until it is restored and the gateway restarted")
+            return (f"database {self.path} is gone (deleted or moved while the gateway ran); "
+                    "messages are refused until it is restored and the gateway restarted")
         except OSError as exc:
-            return f"{where}: {exc.strerror or exc}"
+            return f"database {self.path}: {exc.strerror or exc}"
         if (info.st_dev, info.st_ino) != self._identity:
-            return f"{where} was replaced while the gateway ran; restart the gateway"
-        if not os.access(self.path, os.W_OK):
-            return f"{where} is not writable; give the gateway's user write access"
+            return f"database {self.path} was replaced while the gateway ran; restart the gateway"
+        seen = (info.st_mode, info.st_uid, info.st_gid, info.st_ctime_ns)
+        if seen != self._writable:  # chmod, chown, an ACL: each moves one of them
+            if not os.access(self.path, os.W_OK):
+                return (f"database {self.path} is not writable; give the gateway's user "
+                        "write access")
+            self._writable = seen
         return None
 
     def _fail(self, problem: str) -> StoreUnavailable:

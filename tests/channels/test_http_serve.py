@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import parse_qsl
 
 import orjson
 import pytest
 import uvloop
 
 from channels import http_serve
-from channels.http_serve import Limits, Reply, Request, Server
+from channels.http_serve import Limits, Reply, Request, Server, parse_query
 from tests.e2e.waiting import until
 
 _log = logging.getLogger("tests.http_serve")
@@ -278,3 +280,20 @@ def test_all_of_it_on_uvloop() -> None:
             await test_what_is_refused_before_the_handler(wire, status, error)
 
     uvloop.run(every_test())
+
+
+def test_a_query_reads_as_parse_qsl_reads_it_first_field_kept() -> None:
+    rng = random.Random(24)
+    alphabet = ["a", "b", "=", "&", "%", "+", "é", "20", "%C3%A9", "%zz", ";", " ", "0"]
+    for _ in range(5_000):
+        query = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        try:
+            expected: dict[str, str] | Exception = dict(reversed(parse_qsl(
+                query, keep_blank_values=True, errors="strict")))
+        except UnicodeDecodeError as exc:
+            expected = exc
+        if isinstance(expected, Exception):
+            with pytest.raises(UnicodeDecodeError):
+                parse_query(query)
+        else:
+            assert parse_query(query) == expected, query

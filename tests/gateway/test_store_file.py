@@ -82,3 +82,16 @@ async def test_a_cancelled_transaction_stays_cancelled_and_leaves_nothing(
     async with store.transaction() as db:  # the connection is usable: no transaction left
         await db.execute("INSERT INTO limit_notices VALUES ('s', 'p', 'now')")
     assert len(await store.fetchall("SELECT * FROM limit_notices")) == 1
+
+
+async def test_a_database_made_read_only_is_refused_and_works_again_when_writable(
+        store: Store, where: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI runs as root, for whom every file is writable: ``access`` answers as a user would
+    monkeypatch.setattr(os, "access", lambda path, mode: bool(os.stat(path).st_mode & 0o200))
+    assert await store.inbox_add(message("kept"))  # writable: remembered, not asked again
+    where.chmod(0o444)
+    with pytest.raises(StoreUnavailable, match="is not writable"):
+        await store.inbox_add(message("refused"))
+    where.chmod(0o644)
+    assert await store.inbox_add(message("stored again"))
+    assert [m.text for m in await store.inbox_pending()] == ["kept", "stored again"]
