@@ -11,12 +11,13 @@ import importlib.util
 import json
 import os
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import tiktoken
+
+from gateway.kernel.frozen import frozen
 
 MESSAGE_OVERHEAD = 4
 IMAGE_TOKENS = 765
@@ -168,7 +169,7 @@ class WindowTooSmall(ValueError):
     """The model's window, learned at the first turn, cannot hold a request."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class WindowPlan:
     """How a window is shared out for the largest audience (the owner's, every tool)."""
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Store, UsageRow
 from gateway.kernel.values import COMMAND_DESCRIPTIONS
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from agent.usage import Ledger
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CommandInfo:
     model: str
     tools: list[str]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from agent.budget import TokenCounter
@@ -19,6 +18,7 @@ from agent.errors import ProviderError
 from agent.llm_types import LLMResponse
 from agent.provider import Provider
 from gateway.kernel.config import CompactionConfig
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Compaction, Store, StoredMessage, content_text
 
 _log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class CompactionFailed(Exception):
     """Summarising did not work; the caller keeps the transcript and trims instead."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Split:
     old: list[StoredMessage]
     kept: list[StoredMessage]

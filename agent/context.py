@@ -33,6 +33,7 @@ from agent.time_line import TimeLine
 from agent.trust import Audience, TrustPolicy
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage, Media, event_to_dict
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Compaction, StoredMessage
 from gateway.kernel.values import ChannelHints
 from workspace.memory import MemoryStore, memory_store_for, recall_block
@@ -50,7 +51,7 @@ SUMMARY_TOKENS_CACHE = 1024
 LAST_ERROR_CHARS = 160
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TurnState:
     """What the runtime block says of the session's state: messages queued behind this turn
     and how the last turn ended (openboa's pending queue and terminal status)."""

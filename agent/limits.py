@@ -13,15 +13,14 @@ that period are marked answered in silence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from agent.usage import ALL, Ledger, Tally, chat_of, person_of
 from gateway.kernel.config_usage import LimitsConfig, LimitSet
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Store
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Verdict:
     """A limit the turn would go over."""
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from gateway.kernel.frozen import frozen
 
 _THINK_OPEN = re.compile(r"\A\s*<think>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</think>\s*", re.IGNORECASE)
@@ -29,14 +30,14 @@ def without_reasoning(content: str | None) -> str | None:
     return content[closed.end():] or None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolCall:
     id: str
     name: str
     arguments: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LLMResponse:
     content: str | None
     tool_calls: tuple[ToolCall, ...]

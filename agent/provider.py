@@ -16,7 +16,6 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -35,6 +34,7 @@ from agent.model_health import ModelHealth, counted
 from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
 from gateway.kernel.config import AgentConfig
+from gateway.kernel.frozen import frozen
 
 __all__ = ["LLMResponse", "Provider", "ToolCall", "bundled_model_info", "context_window",
            "warm_up"]
@@ -115,7 +115,7 @@ def context_window(model: str, *, ask_litellm: bool = True) -> int | None:
     return int(value) if value else None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Target:
     """One model to try and where it lives: the main model, then each fallback."""
 

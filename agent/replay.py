@@ -11,7 +11,7 @@ workspace; the replay says so (``Replay.note``) and never claims a match.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agent.budget import TokenCounter
@@ -20,6 +20,7 @@ from agent.runner import shortened_result
 from agent.snapshots import call_hash
 from gateway.kernel.config import Config
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.snapshot_frame import RUNTIME_TIME, join_time
 from gateway.kernel.store import Store
 from gateway.kernel.values import ChannelHints
@@ -28,7 +29,7 @@ OLD_SNAPSHOT = ("this snapshot was stored before the texts of a request were kep
                 "cannot be replayed: the messages below are rebuilt from today's workspace")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CallReplay:
     messages: list[dict[str, Any]]
     hash: str
@@ -37,7 +38,7 @@ class CallReplay:
     """The tool list offered (JSON), when stored."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Replay:
     messages: list[dict[str, Any]]
     """The first model call's messages."""

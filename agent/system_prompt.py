@@ -8,7 +8,6 @@ layer is hashed once per prompt, for the snapshots (``agent/snapshots.py``).
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import workspace as workspace_package
 from agent.budget import TokenCounter
 from agent.snapshots import text_hash
 from gateway.kernel.config import Config
+from gateway.kernel.frozen import frozen
 from workspace.bootstrap import (
     BOOTSTRAP_FILES,
     FIRST_RUN_FILE,
@@ -35,7 +35,7 @@ FIRST_RUN_NOTE = ("# First run (BOOTSTRAP.md)\nFollow these first-run instructio
                   "owner; when they are done, delete BOOTSTRAP.md.\n\n")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Layer:
     name: str
     text: str
@@ -46,7 +46,7 @@ class Layer:
         return text_hash(self.text)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SystemPrompt:
     text: str
     layers: tuple[Layer, ...]

@@ -20,16 +20,17 @@ Several messages answered in one turn take the least trusted sender's level
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
 from gateway.kernel.config import LevelConfig, TrustConfig
 from gateway.kernel.events import InboundMessage, Trust
+from gateway.kernel.frozen import frozen
 from workspace.memory import HOME, MemoryScope, chat_scope, person_scope
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolFilter:
     """The tools one level may use in one chat: names and shell-style patterns."""
 
@@ -49,7 +50,7 @@ ALL_TOOLS = ToolFilter(("*",))
 MEMORY_ONLY = ToolFilter(("memory",))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Audience:
     """Decided once per turn from its message (``TrustPolicy.audience``)."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from agent.trust import DEFAULT_POLICY, Audience
 from gateway.kernel.config import ToolsConfig
 from gateway.kernel.events import InboundMessage, new_id
+from gateway.kernel.frozen import frozen
 
 if TYPE_CHECKING:
     from gateway.kernel.cron_jobs import CronJob, NewJob
@@ -85,7 +86,7 @@ class TurnNotes:
     offered in full from the next model call on."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnContext:
     message: InboundMessage
     """What the turn answers; routing is derived from it, never from the model."""

@@ -19,7 +19,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from agent.assembly import ContextAssembly
 from agent.compacting import SessionCompaction
@@ -45,7 +45,6 @@ from gateway.kernel.config import Config
 from gateway.kernel.events import (
     InboundMessage,
     MessageStage,
-    OutboundKind,
     OutboundMessage,
     Stage,
     new_id,
@@ -168,7 +167,7 @@ def stage(bus: MessageBus, sources: list[InboundMessage], name: Stage) -> None:
                                    thread_id=msg.thread_id))
 
 
-def _final(turn: _Turn, text: str, kind: OutboundKind) -> OutboundMessage:
+def _final(turn: _Turn, text: str, kind: Literal["reply", "error"]) -> OutboundMessage:
     """The turn's answer, marked as the final of the turn's stream if it had one."""
     return outbound(turn.msg, text, kind, turn.ctx.turn_id,
                     stream=None if turn.stream is None else turn.stream.key)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Literal
 
 from channels.incoming import Incoming, Sender
 from gateway.kernel.events import Trust
+from gateway.kernel.frozen import frozen
 from gateway.kernel.pairing import PairingStore
 
 Verdict = Literal["serve", "context", "pair", "ignore"]
@@ -43,7 +43,7 @@ def _keys(entries: Iterable[str]) -> frozenset[str]:
     return frozenset(listed(e) for e in entries if e.strip())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AccessRules:
     dm_policy: DmPolicy = "pairing"
     group_policy: GroupPolicy = "mention"

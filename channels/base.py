@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.values import ChannelHints, Delivery
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class ChannelStatus:
     """Why the state is not "connected", in one line."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Shown:
     """What showing a reply's text so far did (``LiveReplies.show``)."""
 
@@ -108,7 +109,7 @@ class ChannelBase:
         return None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChannelDeps:
     """What the gateway hands a channel factory: ``create(deps) -> Channel``.
 

@@ -18,9 +18,10 @@ import bisect
 import itertools
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
+
+from gateway.kernel.frozen import frozen
 
 __all__ = ["chunk_markdown", "utf16_len"]
 
@@ -35,7 +36,7 @@ def utf16_len(text: str) -> int:
     return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Fence:
     body_start: int
     """Index of the first character after the opening fence line."""
@@ -48,7 +49,7 @@ class _Fence:
         return self.body_start <= pos < self.body_end
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Cut:
     end: int
     """The chunk ends before this index."""

@@ -14,7 +14,6 @@ import mimetypes
 import re
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 with warnings.catch_warnings():
@@ -30,6 +29,7 @@ from channels.common import redact
 from channels.incoming import Attachment, Incoming, Sender, Wording, human_size
 from gateway.kernel.config import DiscordChannelConfig
 from gateway.kernel.events import ChatType, Media, MediaKind
+from gateway.kernel.frozen import frozen
 from gateway.kernel.values import Delivery
 
 NAME = "discord"
@@ -43,7 +43,7 @@ _SYSTEM_FREE = frozenset({discord.MessageType.default, discord.MessageType.reply
 
 # --- one message, as plain data -------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Post:
     """A Discord message as plain data."""
 
@@ -111,7 +111,7 @@ def describe(message: discord.Message, *, parent_id: int | None = None) -> Post:
 
 # --- who spoke, where, and to whom ----------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Place:
     chat_id: str
     thread_id: str | None
@@ -128,7 +128,7 @@ def place_of(post: Post) -> Place:
     return Place(post.channel_id, None, "group")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Addressed:
     mention: bool = False
     reply: bool = False
@@ -264,12 +264,12 @@ WORDING = Wording(
 
 # --- replies out --------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextPart:
     content: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FilePart:
     media: Media
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from gateway.kernel.frozen import frozen
+
 __all__ = ["Markup", "PLAIN", "SLACK_MRKDWN", "TELEGRAM_HTML", "html_visible_text", "render",
            "slack_escape", "to_plain_text", "to_slack_mrkdwn", "to_telegram_html"]
 
@@ -45,7 +47,7 @@ def _identity(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Markup:
     """How one target writes each construct; ``None`` tags mean "text only"."""
 

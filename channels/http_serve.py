@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qsl
 
 import httptools
+
+from channels.http_api import parse_query
+from gateway.kernel.frozen import frozen
 
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and headers together may be this large; more is refused (431)."""
@@ -45,20 +47,6 @@ KEEPALIVE_SECONDS = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default too)."""
 JSON = "application/json; charset=utf-8"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
-
-
-def parse_query(query: str) -> dict[str, str]:
-    """A query string's fields, the first of a repeated name kept: ``parse_qsl``'s reading
-    (blank values kept, ``%``-escapes as UTF-8, strictly), without its per-field Python work
-    for the usual query that has nothing to unescape (``?after=12&wait=30``)."""
-    if "%" in query or "+" in query:
-        return dict(reversed(parse_qsl(query, keep_blank_values=True, errors="strict")))
-    fields: dict[str, str] = {}
-    for part in query.split("&"):
-        if part:
-            name, _, value = part.partition("=")
-            fields.setdefault(name, value)
-    return fields
 
 
 @dataclass(slots=True)
@@ -81,7 +69,7 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Limits:
     max_body: int
     """Bytes a request body may have."""

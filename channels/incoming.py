@@ -12,14 +12,14 @@ way (``Wording``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from gateway.kernel.events import InboundMessage, Media, MediaKind, Trust
+from gateway.kernel.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Sender:
     id: str
     name: str
@@ -31,7 +31,7 @@ class Sender:
     """A user name an allow list may give instead of the id (Telegram's ``@username``)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Attachment:
     """A file that came with a message, before it is downloaded."""
 
@@ -46,7 +46,7 @@ class Attachment:
     name: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Incoming:
     """One platform message, converted. ``where`` and ``id`` are the reply-capable reference:
     notices (a pairing code, a refused file) go to ``where``, quoting ``id``."""
@@ -94,7 +94,7 @@ class DownloadFailed(Exception):
     """The platform could not hand over a file; the message says why, with no secret in it."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Fetched:
     data: bytes
     name: str
@@ -114,7 +114,7 @@ class PlatformIO(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Wording:
     """The texts each platform words its own way. Templates take ``{label}`` (an attachment's
     label), ``{size}`` and ``{limit}`` (as ``human_size`` shows them)."""

@@ -18,7 +18,7 @@ import re
 import stat
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,6 +27,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from channels.http_api import ApiError, check_unicode
 from gateway.kernel.events import TRUST_RANK, InboundMessage, Media, MediaKind, Trust
+from gateway.kernel.frozen import frozen
 from gateway.kernel.inbox_files import save_file
 from gateway.kernel.store_db import load_json
 
@@ -45,13 +46,13 @@ _KINDS: dict[str, MediaKind] = {"image": "image", "audio": "audio", "video": "vi
 
 # --- pure validation --------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PathMedia:
     index: int
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class InlineMedia:
     index: int
     data: bytes

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from channels.http_api import ApiError
+from gateway.kernel.frozen import frozen
 
 DEFAULT_MODEL = "parley"
 """The model name that means "the conversation's model" (the default, or what /model chose)."""
@@ -32,7 +32,7 @@ NO_RETRY = {"x-should-retry": "false"}
 """The official client retries a 5xx by itself; a retry would be a second turn."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ChatRequest:
     session: str
     text: str

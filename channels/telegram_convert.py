@@ -11,7 +11,6 @@ import mimetypes
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 
 import httpx
@@ -34,6 +33,7 @@ from channels.format import html_visible_text, to_plain_text, to_telegram_html
 from channels.incoming import Attachment, Incoming, Sender, Wording, human_size
 from gateway.kernel.config import TelegramChannelConfig
 from gateway.kernel.events import ChatType, Media, MediaKind
+from gateway.kernel.frozen import frozen
 from gateway.kernel.values import Delivery
 
 # Time periods as timedelta (PTB's future default): with ints, building a RetryAfter warns
@@ -92,7 +92,7 @@ def _text_and_entities(message: Message) -> tuple[str, Sequence[MessageEntity]]:
     return message.caption or "", message.caption_entities
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Addressed:
     """How a group message reached for the bot, if it did."""
 
@@ -279,14 +279,14 @@ def access_rules(config: TelegramChannelConfig) -> AccessRules:
 
 # --- replies out --------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextPart:
     html: str | None
     """Telegram HTML, or None when the chunk is sent as plain text only."""
     plain: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MediaPart:
     media: Media
 

@@ -21,12 +21,12 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from yarl import URL
 
 from channels.http_api import ApiError, check_unicode
+from gateway.kernel.frozen import frozen
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 MESSAGE_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
@@ -66,13 +66,13 @@ class FrameError(Exception):
                 "retry": self.retry}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ImageData:
     data: bytes
     mime: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ClientMessage:
     chat_id: str
     message_id: str

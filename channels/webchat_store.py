@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from channels.webchat_frames import AUDIO_TYPES, UPLOAD_TYPES, ImageData
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Store
 from gateway.kernel.store_queues import mark_delivered
 from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register
@@ -59,7 +59,7 @@ MEDIA_NAME = re.compile(r"[0-9a-f]{32}\.(png|jpg|gif|webp|webm|ogg|m4a|mp3|wav)"
 _COLS = "seq, chat_id, role, kind, text, image, message_id, reply_to, accepted, created_at"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LogEntry:
     seq: int
     chat_id: str

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from gateway.kernel.config import AgentConfig
+from gateway.kernel.frozen import frozen
 
 TIMEOUT = 15.0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Probe:
     ok: bool
     detail: str

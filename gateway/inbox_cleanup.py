@@ -16,10 +16,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.kernel.config_media import InboxConfig
+from gateway.kernel.frozen import frozen
 from gateway.kernel.inbox_files import INBOX_DIR
 from gateway.kernel.store import Store
 from gateway.periodic import run_every
@@ -27,7 +27,7 @@ from gateway.periodic import run_every
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Swept:
     removed: int
     freed: int

@@ -14,10 +14,10 @@ import shutil
 import socket
 import sqlite3
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.kernel.config import Config
+from gateway.kernel.frozen import frozen
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 MIN_FREE_BYTES = 100 * 1024 * 1024
@@ -25,7 +25,7 @@ MIN_FREE_BYTES = 100 * 1024 * 1024
 media and logs grow there, and SQLite needs room for its write-ahead log."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Problem:
     key: str
     """The config key (``workspace``, ``channels.local.port``) or file the problem is in."""

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ["PARLEY_CHECKED_FROZEN"] = "1"  # value classes raise on assignment, here and in
+# the gateways the tests start (gateway/kernel/frozen.py); before anything of ours is imported
 
 from gateway.app import Gateway  # noqa: E402
 from gateway.kernel.config import Config, parse_config  # noqa: E402

@@ -11,10 +11,10 @@ import logging
 import os
 import shutil
 import stat
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from gateway.kernel.frozen import frozen
 from workspace.watch import Watch
 
 Signature = tuple[tuple[int, int] | None, ...]
@@ -34,7 +34,7 @@ HEAD_SHARE = 0.7
 TAIL_SHARE = 0.2
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FileText:
     name: str
     text: str

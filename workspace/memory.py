@@ -35,13 +35,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
 from gateway.kernel.config import MemoryConfig
+from gateway.kernel.frozen import frozen
 from gateway.kernel.fts import cjk_grams
 from workspace.bootstrap import MEMORY_FILE
 from workspace.memory_files import (
@@ -86,7 +86,7 @@ MAX_STORES = 256
 """Scopes whose index stays in memory; the least recently used beyond are rebuilt on use."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryScope:
     """Whose notes: ``facts`` (a file, relative to the workspace) and ``logs`` (a folder of
     daily logs) of one owner, person, group, or person in a group."""
@@ -131,7 +131,7 @@ class MemoryRefused(ValueError):
     """A write the model should rethink (empty, too long, MEMORY.md full); the text says how."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Hit:
     path: str
     """Relative to the workspace, with ``/``: ``MEMORY.md``, ``memory/2026-11-20.md``."""
@@ -141,7 +141,7 @@ class Hit:
     """1-based line of the file where the paragraph starts."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Saved:
     path: str
     written: bool

@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.kernel.frozen import frozen
 from gateway.kernel.fts import like_pattern, match_expr, quote, tokenizer, trigram_terms
 
 _log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ if TOKENIZER != "trigram":
                  else "memory search finds nothing")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Doc:
     """One searchable paragraph of a memory file."""
 
@@ -48,7 +48,7 @@ class Doc:
     """What is indexed: the text without its bullets and ``[HH:MM]`` stamps."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ranked:
     score: float
     """``-bm25()``: higher is better; 0.0 for a match by short words alone (unranked)."""

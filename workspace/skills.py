@@ -12,18 +12,18 @@ import os
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gateway.kernel.frozen import frozen
 from workspace.watch import Watch
 
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Skill:
     name: str
     description: str

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.kernel.config_media import DocumentsConfig
+from gateway.kernel.frozen import frozen
 
 _log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Unreadable(Exception):
     """Why a document is refused, in words for the model and the user."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Excerpt:
     text: str
     """The note of what it is and what was cut, then the text."""

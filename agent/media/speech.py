@@ -8,11 +8,11 @@ key never reaches a log line.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from agent.media.endpoint import EndpointFailed, post, short
 from gateway.kernel.config_media import SpeechConfig
 from gateway.kernel.events import InboundMessage
+from gateway.kernel.frozen import frozen
 
 SUFFIXES = {"opus": (".ogg", "audio/ogg"), "mp3": (".mp3", "audio/mpeg"),
             "wav": (".wav", "audio/wav")}
@@ -22,7 +22,7 @@ class SpeechFailed(Exception):
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Spoken:
     data: bytes
     suffix: str

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,14 @@ import aiohttp
 from agent.media.endpoint import EndpointFailed, post, short
 from agent.provider import bundled_model_info, litellm_module
 from gateway.kernel.config_media import TranscriptionConfig
+from gateway.kernel.frozen import frozen
 
 
 class TranscriptionFailed(Exception):
     """Why a recording could not be transcribed, in words fit for the chat (no secrets)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Transcript:
     text: str
     seconds: float | None

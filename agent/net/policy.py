@@ -14,7 +14,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from gateway.kernel.frozen import frozen
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -41,7 +42,7 @@ class BlockedAddress(OSError):
         return self.reason
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AllowList:
     """``allow_hosts`` parsed: host names (exact, case-insensitive) and IP networks."""
 

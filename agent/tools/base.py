@@ -13,13 +13,13 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from agent.trust import ALL_TOOLS, ToolFilter
 from agent.turn import TurnContext
+from gateway.kernel.frozen import frozen
 from gateway.kernel.secrets import SECRETS
 
 _log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class ToolError(Exception):
 class ToolRetry(ToolError):
     """The model's call was wrong (bad path, bad arguments); it may fix it and call again."""
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolResult:
     text: str
     is_error: bool = False

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -21,9 +20,10 @@ from agent.tools.sandbox import SandboxSpec
 from agent.tools.sandbox_probe import NoSandbox, find_sandbox
 from agent.tools.shell import CommandRunner, child_env
 from gateway.kernel.config import Config, ExecToolConfig
+from gateway.kernel.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GatewayFiles:
     """The gateway's own files, which no command may see (its config holds keys, its data
     folder every conversation): known to the root, handed to the sandbox."""
@@ -42,7 +42,7 @@ class GatewayFiles:
         return tuple(p for p in (self.config, self.data_dir, self.log_file) if p is not None)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ExecAccess:
     state: Literal["sandboxed", "off", "unsandboxed", "disabled"]
     detail: str

@@ -41,13 +41,13 @@ import glob
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.tools.base import ToolError
 from agent.tools.sandbox_cgroup import CommandCgroup, PidsCgroups
 from agent.tools.sandbox_process import SandboxedCommand, read_info
 from gateway.kernel.config import ExecSandboxConfig
+from gateway.kernel.frozen import frozen
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 SYSTEM_SECRETS = (
@@ -77,7 +77,7 @@ def size_text(size: int) -> str:
     return f"{size} bytes"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SandboxSpec:
     """What a sandbox is made of: the config's settings and the host paths it must not show."""
 
@@ -116,7 +116,7 @@ def check_workspace(workspace: Path) -> None:
                              "there (a sandbox would make the system writable)")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Sandbox:
     """A sandbox that works on this host: the binaries, what this bwrap supports, and where
     root's process limit lives (None: RLIMIT_NPROC in the user namespace does it)."""

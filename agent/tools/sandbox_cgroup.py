@@ -17,9 +17,10 @@ import logging
 import os
 import re
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from gateway.kernel.frozen import frozen
 
 _log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ _SEQUENCE = itertools.count(1)
 _REMOVE_TRIES = 100
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CommandCgroup:
     """One command's cgroup: enter it through ``procs``, then ``kill_and_remove()``."""
 
@@ -65,7 +66,7 @@ class CommandCgroup:
         _log.warning("sandbox cgroup %s still busy; left for the next start", self.path)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PidsCgroups:
     """Where the per-command cgroups go: ``<hierarchy>/parley-sandbox``."""
 

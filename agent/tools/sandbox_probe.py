@@ -12,17 +12,17 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.tools.base import ToolError
 from agent.tools.sandbox import SANDBOX_PATH, Sandbox, SandboxSpec
 from agent.tools.sandbox_cgroup import find_pids_cgroups
+from gateway.kernel.frozen import frozen
 
 _TRIAL_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class NoSandbox:
     reason: str
 

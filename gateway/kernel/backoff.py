@@ -10,10 +10,11 @@ the chat platforms and of MCP servers, and storing an inbound message all use it
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+
+from gateway.kernel.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class BackoffPolicy:
     base: float = 0.5
     cap: float = 30.0

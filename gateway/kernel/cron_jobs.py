@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from gateway.kernel.clock import Clock
 from gateway.kernel.events import Trust
+from gateway.kernel.frozen import frozen
 from gateway.kernel.schedule import Schedule, ScheduleError
 from gateway.kernel.store import Store
 from gateway.kernel.store_sql import Migration, TableSet, register
@@ -98,7 +99,7 @@ Run = tuple[datetime, str, str | None, str | None, bool]
 """A run to record: (run_at, status ran|missed|failed, detail, delivery key, manual)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class NewJob:
     name: str
     message: str
@@ -117,7 +118,7 @@ class NewJob:
     """Who made it in a chat (for a task turn's memory); None: the owner from the CLI."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LastRun:
     run_at: datetime
     status: str
@@ -127,7 +128,7 @@ class LastRun:
     """pending | delivered | dead, or ``-`` when nothing was (or is yet) to be delivered."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CronJob:
     id: str
     name: str

@@ -1,17 +1,20 @@
 """Bus events: what channels put on the bus and what the agent sends back.
 
-Frozen, slotted, keyword-only dataclasses so an event can be shared between tasks without
-anyone changing it underneath another. Timestamps are always timezone-aware.
+Frozen (``@frozen``: to the type checker and in the test suite), slotted, keyword-only
+dataclasses so an event can be shared between tasks without anyone changing it underneath
+another. Timestamps are always timezone-aware.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from datetime import MAXYEAR, UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any, Literal
+
+from gateway.kernel.frozen import frozen
 
 ChatType = Literal["direct", "group"]
 InboundKind = Literal["user", "command", "cron", "heartbeat", "subagent"]
@@ -74,7 +77,7 @@ _B32 = [a + b for a in _DIGITS for b in _DIGITS]
 """Every pair of lower-case base32 digits, by the 10 bits they stand for."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Media:
     """A file attached to a message: a local path or a remote URL, never both."""
 
@@ -141,7 +144,7 @@ def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class InboundMessage:
     channel: str
     chat_id: str
@@ -204,7 +207,7 @@ class InboundMessage:
         return _from_dict(cls, data)  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class OutboundMessage:
     channel: str
     chat_id: str
@@ -225,7 +228,7 @@ class OutboundMessage:
         return _from_dict(cls, data)  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChatActivity:
     """A turn started (``busy``) or ended for a chat: channels show "typing…" meanwhile."""
 
@@ -238,7 +241,7 @@ class ChatActivity:
 Stage = Literal["taken", "queued", "done", "failed"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class MessageStage:
     """Where a person's message is, for acknowledgement reactions: ``taken`` by a turn (the
     model is about to be asked), ``queued`` behind a busy turn, answered (``done``) or not

@@ -15,8 +15,8 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store import Store
 from gateway.kernel.store_sql import Migration, TableSet, register
 
@@ -59,7 +59,7 @@ class PairingFull(Exception):
     """``MAX_PENDING`` codes of other users are still waiting for the owner on this channel."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PairingCode:
     channel: str
     code: str
@@ -72,7 +72,7 @@ class PairingCode:
     """True when this request created the code (False: the user's still valid code)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Approval:
     channel: str
     user_id: str

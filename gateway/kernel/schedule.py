@@ -11,7 +11,6 @@ time the spring change skips runs when the clocks reach it (02:30 becomes 03:00)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -19,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from gateway.kernel.config import parse_duration
+from gateway.kernel.frozen import frozen
 
 ScheduleKind = Literal["at", "every", "cron"]
 _CRON_SCAN = 1000
@@ -75,7 +75,7 @@ def parse_at(text: str, tz: str, now: datetime) -> datetime:
     return when.astimezone(UTC)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Schedule:
     kind: ScheduleKind
     spec: str

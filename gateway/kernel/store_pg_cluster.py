@@ -29,13 +29,13 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store_pg import _LIVE, _NOW, PgStore
 from gateway.kernel.store_queues import PendingOutbound
 from gateway.kernel.store_sql import Migration, TableSet, register
@@ -137,7 +137,7 @@ _DEPTHS = (
 not delivered yet (both read through the pending rows' partial indexes)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Claimed:
     inbound: list[InboundMessage]
     outbound: list[PendingOutbound]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
 
 from gateway.kernel.events import InboundMessage, OutboundMessage, event_to_dict
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store_db import Database, dump_json, iso
 from gateway.kernel.values import OutboxMark
 
@@ -27,7 +27,7 @@ def _in_channels(channels: list[str] | None) -> tuple[str, tuple[Any, ...]]:
     return f" AND channel IN ({', '.join('?' * len(channels)) or 'NULL'})", tuple(channels)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PendingOutbound:
     message: OutboundMessage
     attempts: int

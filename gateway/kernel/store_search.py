@@ -35,9 +35,9 @@ import asyncio
 import json
 import logging
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
+from gateway.kernel.frozen import frozen
 from gateway.kernel.fts import TRIGRAM, like_pattern, match_expr, query_words, trigram_terms
 from gateway.kernel.store_db import Database, StoreUnavailable, load_json
 from gateway.kernel.store_sql import TableSet, register, twin
@@ -95,7 +95,7 @@ database's thread, against ~0.2 ms a turn when each turn wrote its own)."""
 DELETE_FTS = "INSERT INTO message_text (message_text, rowid, body) VALUES ('delete', ?, ?)"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SearchHit:
     message_id: int
     session_key: str

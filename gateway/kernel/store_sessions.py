@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gateway.kernel.events import InboundMessage, OutboundMessage
+from gateway.kernel.frozen import frozen
 from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso, load_json
@@ -23,7 +23,7 @@ from gateway.kernel.store_search import index_statements
 from gateway.kernel.store_snapshots import UPSERT_TEXT, LayerTexts
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SessionRow:
     id: int
     key: str
@@ -34,7 +34,7 @@ class SessionRow:
     last_context_tokens: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StoredMessage:
     id: int
     turn_id: str
@@ -43,7 +43,7 @@ class StoredMessage:
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Compaction:
     """A summary standing in for a session's messages before ``first_kept_id``."""
 
@@ -55,13 +55,13 @@ class Compaction:
     messages_summarised: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class NewMessage:
     body: dict[str, Any]
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LLMCallRecord:
     model: str
     prompt_tokens: int
@@ -76,7 +76,7 @@ class LLMCallRecord:
     """Seconds of audio transcribed or spoken, when known."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class UsageTags:
     """Whose a turn's model calls are, for the usage ledger (``llm_calls``)."""
 

@@ -17,12 +17,14 @@ id columns. ``register`` makes a set known to the rewriting and to ``parley db m
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.kernel.frozen import frozen
 
-@dataclass(frozen=True, slots=True)
+
+@frozen
 class Migration:
     """Schema version ``version`` of a table set: the same change in both dialects. Applied
     once per database, in order; recorded in ``schema_versions``."""
@@ -32,7 +34,7 @@ class Migration:
     postgres: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TableSet:
     name: str
     """The component the tables belong to (``core``, ``pairing``, ``cron``, ...)."""

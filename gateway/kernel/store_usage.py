@@ -7,9 +7,9 @@ reads serve ``/usage``, ``parley usage`` and, once per scope after a start, the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
+from gateway.kernel.frozen import frozen
 from gateway.kernel.store_db import Database, iso
 
 UsageBy = Literal["person", "chat", "model", "day", "session", "turn", "kind"]
@@ -18,7 +18,7 @@ _GROUP = {"person": "person", "chat": "chat", "model": "model", "day": "day",
 Scope = Literal["person", "chat"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class UsageRow:
     key: str
     calls: int

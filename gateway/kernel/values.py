@@ -8,10 +8,10 @@ through the message tool. ``COMMAND_DESCRIPTIONS`` is what channels put in their
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gateway.kernel.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Delivery:
     """What a channel did with one outbound message."""
 
@@ -30,7 +30,7 @@ class Delivery:
     (``OutboxMark``, a channel whose sending is a database write): nothing is left to record."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class OutboxMark:
     """What a channel that sends by writing to the gateway's database (the local channel's
     reply log, WebChat's log: their ``send_marked``) records in that same transaction: the
@@ -42,7 +42,7 @@ class OutboxMark:
     attempts: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChannelHints:
     """What the agent is told about how its reply is shown."""
 

@@ -18,7 +18,8 @@ import pytest
 import uvloop
 
 from channels import http_serve
-from channels.http_serve import Limits, Reply, Request, Server, parse_query
+from channels.http_api import parse_query
+from channels.http_serve import Limits, Reply, Request, Server
 from tests.e2e.waiting import until
 
 _log = logging.getLogger("tests.http_serve")
