@@ -9,8 +9,10 @@ not on the model): a warm-up, then the counters are zeroed, the turns run, and t
 are dumped (``callgrind_control``); shutdown is not counted. Two phases: turns one after
 another in one chat (item 1's plain turn), and 100 chats at once (item 3's load, where the
 group commit and the long polls share work between turns); each chat's first turn (a new
-session) runs before the counting. Without valgrind the section says
-so (``apt-get install valgrind``); it never runs in the tests.
+session) runs before the counting. The same run simulates the caches (``CACHES``) and
+reports the misses a turn beside the instructions: on this machine they, more than the
+instructions, set a turn's CPU. Without valgrind the section says so (``apt-get install
+valgrind``); it never runs in the tests.
 """
 
 from __future__ import annotations
@@ -45,11 +47,21 @@ async def _turns(client: LocalClient, chats: int, per_chat: int, tag: str,
     await asyncio.gather(*(chat(j) for j in range(chats)))
 
 
-def _spawn(gateway: GatewayProcess, out: Path) -> None:
-    """``parley gateway`` under callgrind, as ``GatewayProcess.spawn`` starts it otherwise."""
+CACHES = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64")
+"""The caches callgrind simulates for the misses a turn (``measure``): 32 KiB first-level
+instruction and data caches, a 1 MiB last level, fixed so the figures compare across machines
+(valgrind would otherwise take the host's). Why they matter: the gateway runs ~1.1
+instructions a nanosecond where a small hot loop runs ~6; a turn's CPU follows the code and
+data it touches more than the instructions it runs (``bench/RESULTS.md``, round twelve)."""
+
+
+def _spawn(gateway: GatewayProcess, out: Path, *, caches: bool = False) -> None:
+    """``parley gateway`` under callgrind, as ``GatewayProcess.spawn`` starts it otherwise;
+    ``caches``: with the cache simulator (about twice as slow)."""
     log = open(gateway.log_path, "ab")  # handed to the child, closed here
+    sim = ["--cache-sim=yes", *CACHES] if caches else []
     gateway.proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+        ["valgrind", "--tool=callgrind", *sim, f"--callgrind-out-file={out}",
          str(BIN / "parley"), "gateway", "--config", str(gateway.config)],
         stdout=log, stderr=log, env=gateway.env)
     log.close()
@@ -60,15 +72,25 @@ def _control(flag: str, pid: int) -> None:
                    timeout=120)
 
 
-def _dumped(out: Path, before: set[Path]) -> int:
-    """Instructions in the dump ``callgrind_control -d`` just wrote (its ``totals:`` line)."""
+def _counts(out: Path, before: set[Path]) -> dict[str, int]:
+    """Each event's total in the dump ``callgrind_control -d`` just wrote (its ``events:``
+    and ``totals:`` lines): ``Ir`` (instructions), and with the cache simulator the misses
+    (``I1mr``, ``D1mr``, ``D1mw``, ``ILmr``, ``DLmr``, ``DLmw``)."""
     new = sorted(set(out.parent.glob(out.name + ".*")) - before)
     if not new:
         raise RuntimeError("callgrind wrote no dump")
+    events: list[str] = ["Ir"]
     for line in new[-1].read_text(errors="replace").splitlines():
-        if line.startswith(("totals:", "summary:")):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("totals:", "summary:")):
+            return dict(zip(events, map(int, line.split()[1:]), strict=False))
     raise RuntimeError(f"no totals in {new[-1]}")
+
+
+def _dumped(out: Path, before: set[Path]) -> int:
+    """Instructions in the dump ``callgrind_control -d`` just wrote."""
+    return _counts(out, before)["Ir"]
 
 
 async def measure(root: Path, server: ModelServer, *, turns: int) -> dict[str, Any]:
@@ -77,7 +99,7 @@ async def measure(root: Path, server: ModelServer, *, turns: int) -> dict[str, A
         return {"skipped": why}
     gateway = GatewayProcess(root, server.base_url)
     out = root / "callgrind.out"
-    _spawn(gateway, out)
+    _spawn(gateway, out, caches=True)
     results: dict[str, Any] = {"turns": turns}
     try:
         gateway.wait_healthy(timeout=600)
@@ -90,10 +112,17 @@ async def measure(root: Path, server: ModelServer, *, turns: int) -> dict[str, A
                 await asyncio.to_thread(_control, "-z", gateway.pid)
                 await _turns(client, chats, per_chat, phase, first=1)
                 await asyncio.to_thread(_control, "-d", gateway.pid)
-                count = _dumped(out, before)
-                results[phase] = {"turns": chats * per_chat,
-                                  "instructions_per_turn_m": round(
-                                      count / (chats * per_chat) / 1e6, 3)}
+                counts = _counts(out, before)
+                n = chats * per_chat
+                results[phase] = {
+                    "turns": n, "instructions_per_turn_m": round(counts["Ir"] / n / 1e6, 3),
+                    # misses a turn, in thousands: first-level instruction, data (reads and
+                    # writes), and the last level's (both)
+                    "i1_misses_k": round(counts.get("I1mr", 0) / n / 1e3, 1),
+                    "d1_misses_k": round((counts.get("D1mr", 0) + counts.get("D1mw", 0))
+                                         / n / 1e3, 1),
+                    "ll_misses_k": round(sum(counts.get(k, 0) for k in ("ILmr", "DLmr", "DLmw"))
+                                         / n / 1e3, 1)}
     finally:
         gateway.stop()
     return results

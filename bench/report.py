@@ -130,6 +130,10 @@ def checks(r: dict[str, Any]) -> list[Check]:
         add("12", f"gateway instructions a turn (callgrind), {label}"
             + (f": {skipped}" if skipped else ""),
             _get(r, f"instructions.{phase}.instructions_per_turn_m"), "{:.3f} M", "", None)
+        i1, d1, ll = (_get(r, f"instructions.{phase}.{k}_misses_k") for k in ("i1", "d1", "ll"))
+        add("12", f"the same: cache misses a turn, first-level instruction / data / last "
+            f"level (simulated: 32 KiB L1s, 1 MiB last level), {label}",
+            i1, "{:,.1f}k / " + f"{d1}k / {ll}k", "", None)
     for kind in ("plain", "tool"):
         change = _get(r, f"turns.{kind}.first_vs_last.change")
         first = _get(r, f"turns.{kind}.first_vs_last.first_p50_ms")
