@@ -22,6 +22,7 @@ from bench.client import LocalClient, TurnFailed, expect
 from bench.procs import (
     GatewayProcess,
     ModelServer,
+    SkeletonProcess,
     cpu_seconds,
     machine_cpu_seconds,
     own_cpu_seconds,
@@ -64,7 +65,7 @@ def _result(tally: _Tally, wall: float, cpu: dict[str, float], **extra: Any) -> 
 
 
 class _Cpu:
-    def __init__(self, gateway: GatewayProcess, server: ModelServer) -> None:
+    def __init__(self, gateway: GatewayProcess | SkeletonProcess, server: ModelServer) -> None:
         self.gateway, self.server = gateway, server
         self.start = self._read()
 
@@ -77,9 +78,11 @@ class _Cpu:
         return {k: now[k] - self.start[k] for k in now}
 
 
-async def concurrent_chats(client: LocalClient, gateway: GatewayProcess, server: ModelServer,
-                           *, chats: int, seconds: float, tag: str) -> dict[str, Any]:
-    """``chats`` chats, each turn after turn until ``seconds`` have passed."""
+async def concurrent_chats(client: LocalClient, gateway: GatewayProcess | SkeletonProcess,
+                           server: ModelServer, *, chats: int, seconds: float,
+                           tag: str) -> dict[str, Any]:
+    """``chats`` chats, each turn after turn until ``seconds`` have passed (``gateway``: or
+    ``bench.skeleton``, the same I/O without the gateway)."""
     tally = _Tally()
     deadline = time.perf_counter() + seconds
 

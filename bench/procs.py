@@ -149,6 +149,8 @@ class ModelServer:
 
     def stop(self) -> None:
         _terminate(self.proc, 5.0)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 # -- the gateway ---------------------------------------------------------------------------------
@@ -254,3 +256,35 @@ class GatewayProcess:
 
     def memory(self) -> dict[str, int]:
         return memory_kb(self.pid)
+
+
+class SkeletonProcess:
+    """``bench.skeleton`` (the gateway's I/O and nothing else) in its own process, pinned
+    where the gateway is, for item 3's row beside the gateway's."""
+
+    def __init__(self, root: Path, api_base: str) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.skeleton", api_base, str(port),
+             str(root / "skeleton.db")],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": _pythonpath()})
+        pin(self.proc.pid, "gateway")
+        assert self.proc.stdout is not None
+        if not self.proc.stdout.readline():
+            self.proc.wait()
+            raise RuntimeError("bench.skeleton did not start")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        _terminate(self.proc, 5.0)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

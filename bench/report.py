@@ -180,9 +180,15 @@ def checks(r: dict[str, Any]) -> list[Check]:
     add("3", f"100 chats: the harness's CPU per turn (client {helpers[0]} + model server "
         f"{helpers[1]} ms; its ceiling on one CPU {1000 / harness if harness else 0:.0f} "
         "turns/s)", harness, "{:.2f} ms", "", None)
+    skeleton = _get(r, "throughput.skeleton.cpu_ms_per_turn.gateway")
+    add("3", f"100 chats on bench/skeleton.py, the same I/O and nothing else: its CPU per turn "
+        f"({_get(r, 'throughput.skeleton.turns_per_s')} turns/s; the gateway's is "
+        f"{cpu100 / skeleton if cpu100 and skeleton else 0:.1f}× it)", skeleton, "{:.2f} ms",
+        "", None)
     add("3", "throughput, 100 chats × 1,000 sessions (item 5's run)",
         _get(r, "memory.load.turns_per_s"), "{:.1f} turns/s", "", None)
-    failed = sum(int(_get(r, f"throughput.{c}.turns_failed") or 0) for c in ("1", "10", "100"))
+    failed = sum(int(_get(r, f"throughput.{c}.turns_failed") or 0)
+                 for c in ("1", "10", "100", "skeleton"))
     failed += int(_get(r, "memory.load.turns_failed") or 0)
     add("3", "turns not answered (all load runs)", failed, "{:.0f}", "0", lambda v: v == 0)
     sizes = _get(r, "context.sizes") or {}

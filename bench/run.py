@@ -31,7 +31,15 @@ from bench import (
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies, split_by_compaction, table_bytes
 from bench.load import concurrent_chats
-from bench.procs import PINNING, ROOT, GatewayProcess, ModelServer, pin, plan_pinning
+from bench.procs import (
+    PINNING,
+    ROOT,
+    GatewayProcess,
+    ModelServer,
+    SkeletonProcess,
+    pin,
+    plan_pinning,
+)
 from bench.report import checks, noise, print_table, write_json
 from bench.turns import kept_per_turn, repeat_summary, series, split_by_model_call
 
@@ -202,6 +210,8 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 results["throughput"][str(chats)] = await concurrent_chats(
                     client, gateway, server, chats=chats, seconds=sizes.load_seconds,
                     tag=f"load{chats}")
+            _say("3: the same 100 chats on bench/skeleton.py (the gateway's I/O, nothing else)")
+            results["throughput"]["skeleton"] = await skeleton_chats(root, server, sizes)
             if profile:
                 from bench import profile as prof
 
@@ -210,6 +220,18 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
         results["gateway_memory_after_turns_kb"] = gateway.memory()
     finally:
         gateway.stop()
+
+
+async def skeleton_chats(root: Path, server: ModelServer, sizes: Sizes) -> dict[str, Any]:
+    skeleton = SkeletonProcess(root / "skeleton", server.base_url)
+    try:
+        async with LocalClient(skeleton.base_url) as client:
+            for i in range(200):
+                await client.turn(f"warm-{i % 100}", f"warm {i}")
+            return await concurrent_chats(client, skeleton, server, chats=100,
+                                          seconds=sizes.load_seconds, tag="skeleton")
+    finally:
+        skeleton.stop()
 
 
 async def main_async(args: argparse.Namespace) -> int:
