@@ -90,7 +90,7 @@ class SubagentManager:
         if background and ctx.reply_target is None:
             raise ToolError("this turn has no chat to report back to; run the subagent in the "
                             "foreground (background: false)")
-        sub_id = new_id()[:8]
+        sub_id = new_id()[-8:]  # the random end (the start is the time)
         self.running += 1
         if not background:
             try:

@@ -271,13 +271,12 @@ class TurnFlow:
     async def _prepare(self, work: Work, lane: Lane | None) -> _Turn:
         """The session, and what the turn's tools know of it."""
         msg = work.msg
-        session = await self.store.active_session(msg.session_key)
-        ctx = TurnContext(message=msg, session_id=session.id, workspace=self.workspace,
+        session_id, compaction = await self.store.turn_start(msg.session_key)
+        ctx = TurnContext(message=msg, session_id=session_id, workspace=self.workspace,
                           tools=self.config.agent.tools, services=self.services(msg),
                           audience=self.assembly.audience(msg),
                           model=self.models.alias(msg) if self.models is not None else None)
-        turn = _Turn(work, lane, ctx, await self.store.compaction(session.id),
-                     await self.ends.state(session.id, lane))
+        turn = _Turn(work, lane, ctx, compaction, await self.ends.state(session_id, lane))
         if msg.kind == "user" and not nowhere(msg):
             turn.stream = self.bus.open_stream(outbound(
                 msg, "", "reply", ctx.turn_id,

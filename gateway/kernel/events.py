@@ -8,6 +8,7 @@ another. Timestamps are always timezone-aware.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import field, fields
 from datetime import MAXYEAR, UTC, datetime, timedelta
@@ -62,17 +63,22 @@ _D3 = tuple(f"{i:03d}" for i in range(1000))
 
 
 def new_id() -> str:
-    """A fresh id (a turn, a message, a delivery key): 80 random bits as 16 lowercase base32
-    characters. Half a UUID's length: a turn's id is stored eight times over (its row, its
-    messages, its model calls, its snapshot and their indexes), and unique enough — a billion
-    ids collide with a chance below one in two million."""
-    n = int.from_bytes(os.urandom(10), "big")  # base32 by table, ~2x base64.b32encode's pace
-    return (_B32[n >> 70] + _B32[(n >> 60) & 1023] + _B32[(n >> 50) & 1023]
+    """A fresh id (a turn, a message, a delivery key): 16 lowercase characters of base32hex
+    (RFC 4648's alphabet in the order of its values, so the text sorts as the number), the
+    time in milliseconds (45 bits, the first 9) then 35 random bits (the last 7). Half a
+    UUID's length: a turn's id is stored eight times over (its row, its messages, its model
+    calls, its snapshot and their indexes). Ids made later sort later, so a turn's rows go at
+    the right-hand end of the indexes on turn ids (``turns``, ``context_snapshots``,
+    ``llm_calls``) beside the last turn's, on a page a group commit writes once for all its
+    turns: random ids put each on a page of its own (bench/RESULTS.md, round thirteen). Two
+    ids of the same millisecond collide with a chance of one in 34 billion."""
+    n = (time.time_ns() // 1_000_000) << 35 | int.from_bytes(os.urandom(5), "big") >> 5
+    return (_B32[(n >> 70) & 1023] + _B32[(n >> 60) & 1023] + _B32[(n >> 50) & 1023]
             + _B32[(n >> 40) & 1023] + _B32[(n >> 30) & 1023] + _B32[(n >> 20) & 1023]
             + _B32[(n >> 10) & 1023] + _B32[n & 1023])
 
 
-_DIGITS = "abcdefghijklmnopqrstuvwxyz234567"
+_DIGITS = "0123456789abcdefghijklmnopqrstuv"
 _B32 = [a + b for a in _DIGITS for b in _DIGITS]
 """Every pair of lower-case base32 digits, by the 10 bits they stand for."""
 

@@ -462,6 +462,17 @@ class Database:
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
         return next(iter(await self._fetchall(sql, params)), None)
 
+    def _others_version(self) -> int | None:
+        """SQLite's ``PRAGMA data_version`` on the loop's connection: the same number for as
+        long as no other connection (this process's database thread, another process)
+        committed; its own commits leave it. None where that cannot be told."""
+        if self._now is None:
+            return None
+        try:
+            return int(self._now.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return None
+
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """On the loop's connection (a read in WAL mode never waits for a writer; a busy
         one, rare, goes to the thread). Long reads use ``_fetchall_thread``."""

@@ -362,6 +362,9 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
         for row in await self._fetchall(sql, params):
             yield row
 
+    def _others_version(self) -> int | None:
+        return None  # every read goes to the server (other processes write)
+
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
         cur = await self._call(lambda c: c.execute(sql, params))
         return cur.fetchone()

@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+from functools import partial
 from typing import Any
 
 from gateway.kernel.frozen import frozen
@@ -49,7 +50,7 @@ SNIPPET_CHARS = 240
 
 
 __all__ = ["INDEX_BATCH", "TRIGRAM", "SearchHit", "SearchTables", "delete_rows",
-           "index_pending", "index_statements", "indexed_text"]
+           "index_pending", "index_some", "index_statements", "indexed_text"]
 
 FTS_SCHEMA = """
 CREATE VIRTUAL TABLE IF NOT EXISTS message_text USING fts5(
@@ -90,8 +91,12 @@ CREATE TABLE IF NOT EXISTS search_state (
 past it. Made at open with the newest message's id (an index from before the mark held every
 message it was ever given, each with its turn)."""
 INDEX_BATCH = 64
-"""Messages waiting for the FTS5 index before a write indexes them all at once (~2 ms on the
-database's thread, against ~0.2 ms a turn when each turn wrote its own)."""
+"""Messages waiting for the FTS5 index before a write indexes them all at once (~2 ms, against
+~0.2 ms a turn when each turn wrote its own)."""
+LOOP_INDEX_LIMIT = 4 * INDEX_BATCH
+LOOP_INDEX_CHARS = 256 * 1024
+"""At most this many messages, and their text to about this many characters, are indexed on
+the event loop at once (``index_messages``); more goes on the database thread."""
 DELETE_FTS = "INSERT INTO message_text (message_text, rowid, body) VALUES ('delete', ?, ?)"
 
 
@@ -136,19 +141,39 @@ def index_statements(rows: list[tuple[int, dict[str, Any]]], chat: str, person: 
 def index_pending(conn: sqlite3.Connection) -> int:
     """Index the messages past the mark (those of turns with a chat; ``indexed_text``) and
     move the mark to the newest message, in the caller's transaction; how many went in."""
+    return index_some(conn, None)[0]
+
+
+def index_some(conn: sqlite3.Connection, limit: int | None,
+               max_chars: int | None = None) -> tuple[int, bool]:
+    """``index_pending`` for at most ``limit`` messages (None: all) and their text up to
+    ``max_chars`` (one message at least), the mark moved past the last of them: (how many
+    went in, whether more wait)."""
     upto = conn.execute("SELECT indexed_upto FROM search_state WHERE id = 1").fetchone()[0]
     newest = conn.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
     if newest <= upto:
-        return 0
+        return 0, False
     found = conn.execute(
         "SELECT m.id, m.body FROM messages m JOIN turns t ON t.id = m.turn_id "
         "WHERE m.id > ? AND m.id <= ? AND t.chat IS NOT NULL "
-        "AND m.role IN ('user', 'assistant') ORDER BY m.id", (upto, newest)).fetchall()
-    rows = [(i, text) for i, body in found
-            if (text := indexed_text(load_json(body))) is not None]
+        "AND m.role IN ('user', 'assistant') ORDER BY m.id LIMIT ?",
+        (upto, newest, -1 if limit is None else limit)).fetchall()
+    rows: list[tuple[int, str]] = []
+    chars = 0
+    for n, (i, body) in enumerate(found):
+        if max_chars is not None and n and chars > max_chars:
+            found = found[:n]
+            break
+        if (text := indexed_text(load_json(body))) is not None:
+            rows.append((i, text))
+            chars += len(text)
+    more = bool(found) and found[-1][0] < newest and (
+        (limit is not None and len(found) == limit) or (max_chars is not None
+                                                        and chars > max_chars))
     conn.executemany(INSERT_FTS, rows)
-    conn.execute("UPDATE search_state SET indexed_upto = ? WHERE id = 1", (newest,))
-    return len(rows)
+    conn.execute("UPDATE search_state SET indexed_upto = ? WHERE id = 1",
+                 (found[-1][0] if more else newest,))
+    return len(rows), more
 
 
 def delete_rows(conn: sqlite3.Connection, turns: list[str]) -> int:
@@ -201,7 +226,7 @@ class SearchTables(Database):
 
     def wrote_unindexed(self, n: int) -> None:
         """(``save_turn``) ``n`` messages wait for the FTS5 index: at ``INDEX_BATCH`` a write
-        on the database's thread indexes all that wait, in every process's turns."""
+        indexes all that wait, in every process's turns (``index_messages``)."""
         self._unindexed += n
         if self._unindexed >= INDEX_BATCH and (self._indexing is None or self._indexing.done()):
             self._unindexed = 0
@@ -216,11 +241,24 @@ class SearchTables(Database):
 
     async def index_messages(self) -> int:
         """Index every message past the mark now (SQLite's FTS5 index; elsewhere nothing
-        waits); how many went in."""
+        waits); how many went in.
+
+        A batch of this process's turns (``INDEX_BATCH``) goes in on the event loop's
+        connection with the turns' own writes: on the database thread's, its commit would
+        empty the loop connection's page cache (SQLite starts a connection's cache afresh
+        when another connection wrote), every page read again from the log or the file
+        (7.7 reads a turn at 100 chats, 2.8 with the batch on the loop; bench/RESULTS.md,
+        round thirteen). A larger backlog (another process's turns, a crash's) goes on the
+        thread, so the loop never indexes more than ``LOOP_INDEX_LIMIT`` messages or much
+        more than ``LOOP_INDEX_CHARS`` of text at once."""
         if not (self.trigram and self.dialect == "sqlite"):
             return 0
         self._unindexed = 0
-        return await self._write(index_pending, slow=True)
+        done, more = await self._write(partial(index_some, limit=LOOP_INDEX_LIMIT,
+                                               max_chars=LOOP_INDEX_CHARS))
+        if more:
+            done += await self._write(index_pending, slow=True)
+        return done
         if not self.trigram and self.dialect == "sqlite":
             _log.warning("session search: this SQLite (%s) has no FTS5 trigram tokenizer "
                          "(3.34 or later): searching with LIKE, slower and unranked",

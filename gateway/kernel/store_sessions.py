@@ -129,6 +129,9 @@ UPSERT_TURN = (
 """A turn written again keeps the chat and person its indexed messages are found under."""
 
 
+HELD_SESSIONS = 4096
+"""Session ids (and latest compactions) held in memory at most (``SessionTables._held``)."""
+
 _SESSION_COLS = "id, key, active, created_at, updated_at, message_count, last_context_tokens"
 
 
@@ -143,6 +146,41 @@ class SessionTables(LayerTexts):
     """Whether messages are indexed in FTS5 (``SearchTables``, which ``Store`` joins)."""
     wrote_unindexed: Callable[[int], None]
     """(``SearchTables``) Messages written for the FTS5 index's next batch."""
+
+    # what a turn reads of its session, held while nothing else wrote ------------------------
+
+    _held_version: int | None = None
+    _held_ids: dict[str, int] | None = None
+    _held_compactions: dict[int, Compaction | None] | None = None
+
+    def _held(self) -> tuple[dict[str, int], dict[int, Compaction | None]] | None:
+        """The session ids and latest compactions read before, while they still hold: on
+        SQLite, when no other connection wrote since (``_others_version``). Every write that
+        starts a session or adds a compaction goes through ``transaction()``, on the database
+        thread's connection, so it moves that version as another process's would; the turn's
+        own writes (the loop's connection) change neither. One ``PRAGMA`` a turn in place of
+        two reads."""
+        version = self._others_version()
+        if version is None:
+            return None
+        if version != self._held_version or self._held_ids is None \
+                or self._held_compactions is None or len(self._held_ids) > HELD_SESSIONS:
+            self._held_version, self._held_ids, self._held_compactions = version, {}, {}
+        return self._held_ids, self._held_compactions
+
+    async def turn_start(self, key: str) -> tuple[int, Compaction | None]:
+        """What a turn starts from: the id of ``key``'s active session (created on first use)
+        and that session's latest compaction; read once while nothing else writes
+        (``_held``)."""
+        held = self._held()
+        ids, compactions = held if held is not None else ({}, {})
+        session_id = ids.get(key)
+        if session_id is None:
+            session_id = ids[key] = (await self.active_session(key)).id
+        if session_id in compactions:
+            return session_id, compactions[session_id]
+        latest = compactions[session_id] = await self.compaction(session_id)
+        return session_id, latest
 
     # sessions -----------------------------------------------------------------------------
 

@@ -123,14 +123,24 @@ def test_event_payload_is_event_to_dict_written() -> None:
         assert type(event).from_dict(json.loads(event_payload(event))) == event
 
 
-def test_new_ids_are_base32_of_80_random_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_new_ids_are_base32_of_the_millisecond_then_35_random_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import base64
     import os
+    import time
 
     ids = {new_id() for _ in range(2000)}
     assert len(ids) == 2000 and all(len(value) == 16 for value in ids)
-    for _ in range(200):  # the table's spelling is base64's, bit for bit
-        bits = os.urandom(10)
-        monkeypatch.setattr(os, "urandom", lambda n, bits=bits: bits)
-        assert new_id() == base64.b32encode(bits).decode().lower()
-        monkeypatch.undo()
+    for ms in (0, 1, 1_795_000_000_123, 2**45 - 1):
+        for _ in range(50):  # the table's spelling is base64's base32hex, bit for bit
+            bits = os.urandom(5)
+            monkeypatch.setattr(os, "urandom", lambda n, bits=bits: bits)
+            monkeypatch.setattr(time, "time_ns", lambda ms=ms: ms * 1_000_000 + 999_999)
+            whole = (ms << 35 | int.from_bytes(bits, "big") >> 5).to_bytes(10, "big")
+            assert new_id() == base64.b32hexencode(whole).decode().lower()
+            monkeypatch.undo()
+    # later ids sort later: a turn's rows go at the end of the indexes on turn ids
+    clock = iter(range(1_795_000_000_000, 1_795_000_000_000 + 500))
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock) * 1_000_000)
+    made = [new_id() for _ in range(500)]
+    assert made == sorted(made)

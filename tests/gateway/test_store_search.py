@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from gateway.kernel.store import NewMessage, SessionRow, Store
 from gateway.kernel.store_db import Database
-from gateway.kernel.store_search import INDEX_BATCH
+from gateway.kernel.store_search import INDEX_BATCH, LOOP_INDEX_LIMIT, index_some
 
 
 async def test_messages_from_before_the_index_are_indexed_once(tmp_path: Path) -> None:
@@ -242,3 +243,58 @@ async def test_a_database_with_the_earlier_index_is_converted_once(tmp_path: Pat
     finally:
         await store.close()
     assert _index_terms(path) == {}
+
+
+def _backlog(path: Path, session_id: int, texts: list[str]) -> None:
+    """Turns of another process, not indexed yet: one turn, ``texts`` as its messages."""
+    with sqlite3.connect(path) as other:
+        other.execute("INSERT INTO turns (id, session_id, status, started_at, chat, person) "
+                      "VALUES ('far', ?, 'done', '2026-01-01', 'local:a', 'local:me')",
+                      (session_id,))
+        other.executemany(
+            "INSERT INTO messages (session_id, turn_id, role, body, tokens, created_at) "
+            "VALUES (?, 'far', ?, ?, 5, '2026-01-01')",
+            [(session_id, ("user", "assistant")[i % 2],
+              json.dumps({"role": ("user", "assistant")[i % 2], "content": text}))
+             for i, text in enumerate(texts)])
+
+
+async def test_a_backlog_past_the_loops_share_is_indexed_whole(tmp_path: Path) -> None:
+    """Another process's turns (or a crash's) left more than the event loop indexes at once:
+    the loop takes ``LOOP_INDEX_LIMIT``, the database thread the rest, and the mark ends at
+    the newest message."""
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    try:
+        session = await store.active_session("local:a")
+        n = LOOP_INDEX_LIMIT + 44
+        _backlog(path, session.id, [f"marker{i:04d} said" for i in range(n)])
+        assert await store.index_messages() == n
+        newest = (await store._fetchall("SELECT max(id) FROM messages", ()))[0][0]
+        assert (await store._fetchall("SELECT indexed_upto FROM search_state", ()))[0][0] \
+            == newest
+        for i in (0, LOOP_INDEX_LIMIT - 1, LOOP_INDEX_LIMIT, n - 1):
+            hits = await store.search_messages(f"marker{i:04d}", chat="local:a")
+            assert [h.text for h in hits] == [f"marker{i:04d} said"]
+        _check_index(path)
+    finally:
+        await store.close()
+
+
+async def test_the_loops_share_stops_at_its_count_or_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "parley.db"
+    store = await Store.open(path)
+    session = await store.active_session("local:a")
+    await store.close()
+    _backlog(path, session.id, [f"long{i:02d} " + "x" * 1000 for i in range(20)])
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        first = conn.execute("SELECT min(id) FROM messages").fetchone()[0]
+
+        def mark() -> int:
+            return int(conn.execute("SELECT indexed_upto FROM search_state").fetchone()[0])
+        assert index_some(conn, 5, None) == (5, True) and mark() == first + 4
+        # past 3,000 characters with the third message (1,007 each): three go in
+        assert index_some(conn, 100, 3000) == (3, True) and mark() == first + 7
+        assert index_some(conn, 1, 1) == (1, True) and mark() == first + 8  # one at least
+        assert index_some(conn, None, None) == (11, False) and mark() == first + 19
+        assert index_some(conn, 5, 10) == (0, False)
