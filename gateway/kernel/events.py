@@ -63,19 +63,21 @@ _D3 = tuple(f"{i:03d}" for i in range(1000))
 
 
 def new_id() -> str:
-    """A fresh id (a turn, a message, a delivery key): 16 lowercase characters of base32hex
+    """A fresh id (a turn, a message, a delivery key): 18 lowercase characters of base32hex
     (RFC 4648's alphabet in the order of its values, so the text sorts as the number), the
-    time in milliseconds (45 bits, the first 9) then 35 random bits (the last 7). Half a
-    UUID's length: a turn's id is stored eight times over (its row, its messages, its model
-    calls, its snapshot and their indexes). Ids made later sort later, so a turn's rows go at
-    the right-hand end of the indexes on turn ids (``turns``, ``context_snapshots``,
-    ``llm_calls``) beside the last turn's, on a page a group commit writes once for all its
-    turns: random ids put each on a page of its own (bench/RESULTS.md, round thirteen). Two
-    ids of the same millisecond collide with a chance of one in 34 billion."""
-    n = (time.time_ns() // 1_000_000) << 35 | int.from_bytes(os.urandom(5), "big") >> 5
-    return (_B32[(n >> 70) & 1023] + _B32[(n >> 60) & 1023] + _B32[(n >> 50) & 1023]
-            + _B32[(n >> 40) & 1023] + _B32[(n >> 30) & 1023] + _B32[(n >> 20) & 1023]
-            + _B32[(n >> 10) & 1023] + _B32[n & 1023])
+    time in milliseconds (45 bits, the first 9) then 45 random bits (the last 9). Ids made
+    later sort later, so a turn's rows go at the right-hand end of the indexes on turn ids
+    (``turns``, ``context_snapshots``, ``llm_calls``) beside the last turn's, on a page a group
+    commit writes once for all its turns: random ids put each on a page of its own
+    (bench/RESULTS.md, round thirteen). Unique enough for ids that are keys (a turn's row, an
+    outbox row written with ``INSERT OR IGNORE``): two ids of the same millisecond collide with
+    a chance of one in 35 trillion, at 500 ids a second about once in ten thousand years, as
+    likely as the 80 random bits the ids had before. A turn's id is stored eight times over,
+    so it stays short: 18 characters against a UUID's 36."""
+    n = (time.time_ns() // 1_000_000) << 45 | int.from_bytes(os.urandom(6), "big") >> 3
+    return (_B32[(n >> 80) & 1023] + _B32[(n >> 70) & 1023] + _B32[(n >> 60) & 1023]
+            + _B32[(n >> 50) & 1023] + _B32[(n >> 40) & 1023] + _B32[(n >> 30) & 1023]
+            + _B32[(n >> 20) & 1023] + _B32[(n >> 10) & 1023] + _B32[n & 1023])
 
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuv"

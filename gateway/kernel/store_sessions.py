@@ -149,9 +149,8 @@ class SessionTables(LayerTexts):
 
     # what a turn reads of its session, held while nothing else wrote ------------------------
 
-    _held_version: int | None = None
-    _held_ids: dict[str, int] | None = None
-    _held_compactions: dict[int, Compaction | None] | None = None
+    _held_now: tuple[int, dict[str, int], dict[int, Compaction | None]] | None = None
+    """(the version they hold at, session ids by key, latest compactions by session id)."""
 
     def _held(self) -> tuple[dict[str, int], dict[int, Compaction | None]] | None:
         """The session ids and latest compactions read before, while they still hold: on
@@ -163,10 +162,10 @@ class SessionTables(LayerTexts):
         version = self._others_version()
         if version is None:
             return None
-        if version != self._held_version or self._held_ids is None \
-                or self._held_compactions is None or len(self._held_ids) > HELD_SESSIONS:
-            self._held_version, self._held_ids, self._held_compactions = version, {}, {}
-        return self._held_ids, self._held_compactions
+        held = self._held_now
+        if held is None or held[0] != version or len(held[1]) > HELD_SESSIONS:
+            held = self._held_now = (version, {}, {})
+        return held[1], held[2]
 
     async def turn_start(self, key: str) -> tuple[int, Compaction | None]:
         """What a turn starts from: the id of ``key``'s active session (created on first use)

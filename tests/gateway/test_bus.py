@@ -123,21 +123,22 @@ def test_event_payload_is_event_to_dict_written() -> None:
         assert type(event).from_dict(json.loads(event_payload(event))) == event
 
 
-def test_new_ids_are_base32_of_the_millisecond_then_35_random_bits(
+def test_new_ids_are_base32_of_the_millisecond_then_45_random_bits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import base64
     import os
     import time
 
     ids = {new_id() for _ in range(2000)}
-    assert len(ids) == 2000 and all(len(value) == 16 for value in ids)
+    assert len(ids) == 2000 and all(len(value) == 18 for value in ids)
     for ms in (0, 1, 1_795_000_000_123, 2**45 - 1):
         for _ in range(50):  # the table's spelling is base64's base32hex, bit for bit
-            bits = os.urandom(5)
+            bits = os.urandom(6)
             monkeypatch.setattr(os, "urandom", lambda n, bits=bits: bits)
             monkeypatch.setattr(time, "time_ns", lambda ms=ms: ms * 1_000_000 + 999_999)
-            whole = (ms << 35 | int.from_bytes(bits, "big") >> 5).to_bytes(10, "big")
-            assert new_id() == base64.b32hexencode(whole).decode().lower()
+            whole = ((ms << 45 | int.from_bytes(bits, "big") >> 3) << 30).to_bytes(15, "big")
+            spelled = base64.b32hexencode(whole).decode().lower()[:18]
+            assert new_id() == spelled
             monkeypatch.undo()
     # later ids sort later: a turn's rows go at the end of the indexes on turn ids
     clock = iter(range(1_795_000_000_000, 1_795_000_000_000 + 500))
