@@ -12,6 +12,7 @@ from agent.usage import Ledger
 from gateway.kernel.events import InboundMessage, OutboundMessage
 from gateway.kernel.snapshot_frame import fold
 from gateway.kernel.store import LLMCallRecord, NewMessage, Store, UsageTags
+from gateway.kernel.values import TurnSend
 
 
 @dataclass(slots=True)
@@ -43,9 +44,11 @@ class SessionRecorder:
 
     async def finish(self, turn: TurnRecord, result: RunResult | None, *,
                      status: str = "done", error: str | None = None,
-                     outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+                     outbound: list[tuple[OutboundMessage, datetime]] | None = None,
+                     sent: TurnSend | None = None) -> None:
         """One transaction: the user's message (always: nothing a user sends is lost), what
-        the model did (complete tool rounds only), the inbox entries answered, the reply."""
+        the model did (complete tool rounds only), the inbox entries answered, the reply
+        (``sent``: sent by its channel in that same transaction)."""
         messages = [NewMessage(turn.user_message, turn.user_tokens)]
         calls: list[LLMCallRecord] = []
         if result is not None:
@@ -61,6 +64,6 @@ class SessionRecorder:
             messages=messages, status=status, error=error, calls=calls,
             snapshot=snapshot, texts=texts, started_at=turn.started_at,
             done=turn.sources,
-            outbound=outbound, usage=turn.usage, index=turn.index)
+            outbound=outbound, usage=turn.usage, index=turn.index, sent=sent)
         if self.ledger is not None and turn.usage is not None:
             self.ledger.recorded(turn.usage, calls)

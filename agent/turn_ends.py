@@ -11,6 +11,7 @@ from agent.runner import RunResult
 from agent.sessions import SessionRecorder, TurnRecord
 from gateway.kernel.events import OutboundMessage
 from gateway.kernel.store import Store
+from gateway.kernel.values import TurnSend
 
 LAST_KEPT = 4096
 """Sessions whose last status is kept in memory (the oldest is forgotten first, and read
@@ -26,10 +27,11 @@ class TurnEnds:
 
     async def finish(self, record: TurnRecord, result: RunResult | None, *, status: str,
                      error: str | None = None,
-                     outbound: list[tuple[OutboundMessage, datetime]] | None = None) -> None:
+                     outbound: list[tuple[OutboundMessage, datetime]] | None = None,
+                     sent: TurnSend | None = None) -> None:
         """The turn's one write; its end is what the next turn's runtime block says."""
         await self.recorder.finish(record, result, status=status, error=error,
-                                   outbound=outbound)
+                                   outbound=outbound, sent=sent)
         if len(self._last) >= LAST_KEPT:
             self._last.pop(next(iter(self._last)))
         self._last[record.session_id] = (status, error)

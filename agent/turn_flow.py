@@ -2,9 +2,13 @@
 deliver.
 
 A turn ends in one transaction: the user's message, the model's messages, the inbox entries
-it answered and its reply (into the outbox). A crash before that leaves the inbox entry
-pending, and the next start answers it; a crash after it leaves the reply in the outbox, and
-the next start sends it.
+it answered and its reply (into the outbox; or, when its channel's sending is a write to our
+database and nothing is ahead of it in the chat, sent in that same transaction: ``TurnSend``).
+A crash before that leaves the inbox entry pending, and the next start answers it; a crash
+after it leaves the reply in the outbox, and the next start sends it.
+
+Longer than 450 lines: the path of one turn, whose parts are modules already (assembly,
+sessions, turn_ends, replies, compacting); what is left here is the order they run in.
 
 When it goes wrong: a provider error is recorded with what was done and the chat hears it in
 one line; a request the server finds too large compacts the session harder and is tried once
@@ -332,15 +336,16 @@ class TurnFlow:
 
     async def _record_and_deliver(self, turn: _Turn, result: RunResult) -> Outcome:
         """The turn and its reply stored in one transaction, then the reply sent (unless
-        it is not to be: see ``_deliverable``)."""
+        it is not to be: see ``_deliverable``), or sent in that transaction (``TurnSend``)."""
         reply = _final(turn, result.text, "reply")
         deliver = _deliverable(turn, result.text)
         if deliver and self.media is not None and self.media.speaks(turn.msg, result.text):
             reply = await self._spoken(turn, reply)
+        sent = self.bus.send_with_turn(reply) if deliver else None  # in the turn's write
         await self.ends.finish(turn.record, result, status=result.stop_reason,
-                               outbound=self.replies.outbox(reply) if deliver else [])
+                               outbound=self.replies.outbox(reply) if deliver else [], sent=sent)
         self.stats.turns_done += 1
-        if deliver:
+        if deliver and sent is None:
             await self.bus.publish_outbound(reply, stored=True)
         return "final" if deliver else "none"
 

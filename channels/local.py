@@ -14,9 +14,9 @@ its store: monotonic across restarts, and replies not yet read survive them. Wit
 the server only listens on loopback, because ``{"path"}`` media lets a caller hand the agent
 any file the gateway can read.
 
-The request contract (field checks, media specs, the bearer token) is in ``local_requests``;
-its names are re-exported here for the callers that import them from ``channels.local``. The
-server that reads and writes the bytes is ``http_serve``.
+The request contract (field checks, media specs, the bearer token) is in ``local_requests``,
+re-exported here; the server is ``http_serve``; the reply log ``local_log``. Longer than 450
+lines: the in-process API, the HTTP handlers and live replies share one window of records.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import orjson
 from channels.base import ChannelBase, ChannelDeps, ChannelStatus, LiveReplies, Shown
 from channels.http_api import ApiError
 from channels.http_serve import Limits, Reply, Request, Server
-from channels.local_log import ReplyLog
+from channels.local_log import ReplyLog, final_extra, reply_record
 from channels.local_requests import (
     CHANNEL_NAME,
     MAX_ID_CHARS,
@@ -58,10 +58,10 @@ from channels.local_requests import (
 )
 from gateway.kernel.bus import BusClosed, MessageBus, NotStored
 from gateway.kernel.config import LocalChannelConfig
-from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust, isoformat
+from gateway.kernel.events import ChatType, InboundMessage, Media, OutboundMessage, Trust
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store_db import Database, StoreUnavailable
-from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark, TurnSend
 
 __all__ = [
     "ANSWER_KINDS", "MAX_CHATS", "MAX_IDEMPOTENCY_KEYS", "MAX_ID_CHARS", "MAX_MEDIA_ITEMS",
@@ -208,17 +208,39 @@ class LocalChannel(ChannelBase):
         known = self._deliveries.get(msg.idempotency_key)
         if known is not None:
             return known
-        extra = {"stream": msg.stream, "final": True} if msg.stream is not None else {}
-        seq = await self._append(msg, msg.text, msg.kind, extra, msg.idempotency_key, mark)
+        seq = await self._append(msg, msg.text, msg.kind, final_extra(msg), msg.idempotency_key,
+                                 mark)
         if isinstance(seq, Delivery):
             return seq
-        delivery = Delivery(ok=True, message_ids=(str(seq),))
-        self._deliveries[msg.idempotency_key] = delivery
+        return self._delivered(msg.idempotency_key, seq, mark is not None and
+                               self._replies is not None)
+
+    def send_with_turn(self, msg: OutboundMessage) -> TurnSend | None:
+        """``msg`` written to the reply log inside its turn's transaction (``TurnSend``), or
+        None: sent the usual way (no reply log, several processes, sent before, stopping)."""
+        replies = self._replies
+        if (replies is None or replies.shared or not self._running or self._closing
+                or msg.idempotency_key in self._deliveries):
+            return None
+        record = reply_record(msg, msg.text, msg.kind, final_extra(msg))
+        return TurnSend(msg.idempotency_key, replies.writer(msg.idempotency_key, record),
+                        partial(self._sent_with_turn, msg, record))
+
+    def _sent_with_turn(self, msg: OutboundMessage, record: dict[str, Any],
+                        stored: tuple[int, bool]) -> Delivery:
+        seq, new = stored
+        if new:
+            self._remember({"seq": seq, **record})
+        self._wake(msg.chat_id)
+        return self._delivered(msg.idempotency_key, seq, True)
+
+    def _delivered(self, key: str, seq: int, recorded: bool) -> Delivery:
+        """Sent as ``seq``: a repeat of ``key`` is not stored again (and answers the delivery
+        without ``recorded``: its outbox row was not marked by that repeat)."""
+        delivery = self._deliveries[key] = Delivery(ok=True, message_ids=(str(seq),))
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
-        if mark is not None and self._replies is not None:
-            return Delivery(ok=True, message_ids=delivery.message_ids, recorded=True)
-        return delivery
+        return replace(delivery, recorded=True) if recorded else delivery
 
     async def _append(self, msg: OutboundMessage, text: str, kind: str,
                       extra: dict[str, Any], key: str,
@@ -226,12 +248,7 @@ class LocalChannel(ChannelBase):
         """A record for ``msg``'s chat (stored first, once per ``key``, when the channel
         has a reply log, with ``mark`` in the same write), woken pollers; its ``seq``, or
         the failed delivery."""
-        created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
-        record = {"chat_id": msg.chat_id, "text": text,
-                  "kind": kind, "reply_to": msg.reply_to,
-                  "media": [m.to_dict() for m in msg.media],
-                  "created_at": isoformat(created.astimezone(UTC)),
-                  "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
+        record = reply_record(msg, text, kind, extra)
         if self._replies is None:
             self._seq += 1
             seq, new = self._seq, True

@@ -14,10 +14,13 @@ storage reads, and merges, on its own.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
+from gateway.kernel.events import OutboundMessage, isoformat
 from gateway.kernel.store_db import Database, dump_json
 from gateway.kernel.store_queues import mark_delivered
 from gateway.kernel.store_sql import Migration, TableSet, ordered_seq_ddl, register, twin
@@ -48,6 +51,21 @@ TABLES = register(TableSet("local_log", (Migration(1, SCHEMA, SCHEMA_PG),
 _LAST_SEQ = twin("SELECT seq FROM sqlite_sequence WHERE name = 'local_replies'",
                  "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
                  "FROM local_replies_seq_seq")
+
+
+def reply_record(msg: OutboundMessage, text: str, kind: str,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    """What the log keeps of a reply to ``msg`` (and a reader is given, with its ``seq``)."""
+    created = msg.created_at if msg.created_at.tzinfo else datetime.now(UTC)
+    return {"chat_id": msg.chat_id, "text": text, "kind": kind, "reply_to": msg.reply_to,
+            "media": [m.to_dict() for m in msg.media],
+            "created_at": isoformat(created.astimezone(UTC)),
+            "thread_id": msg.thread_id, "turn_id": msg.turn_id, **extra}
+
+
+def final_extra(msg: OutboundMessage) -> dict[str, Any]:
+    """A final reply that ends a live one says which (its ``stream``)."""
+    return {"stream": msg.stream, "final": True} if msg.stream is not None else {}
 
 
 class ReplyLog:
@@ -82,6 +100,12 @@ class ReplyLog:
         """Store ``record`` (without its seq) once per ``key``: ``(seq, True)`` when new, the
         earlier seq and False when ``key`` was stored before. ``mark``: the outbox row marked
         delivered in the same transaction."""
+        return await self._store.write(self.writer(key, record, mark))
+
+    @staticmethod
+    def writer(key: str, record: dict[str, Any], mark: OutboxMark | None = None
+               ) -> Callable[[sqlite3.Connection], tuple[int, bool]]:
+        """``add``'s write, for a transaction of the caller's (a turn's: ``TurnSend``)."""
         body = dump_json(record)
 
         def write(db: sqlite3.Connection) -> tuple[int, bool]:
@@ -100,4 +124,4 @@ class ReplyLog:
                 db.execute("DELETE FROM local_replies WHERE seq <= ?", (seq - MAX_KEPT,))
             return int(seq), True
 
-        return await self._store.write(write)
+        return write

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from functools import partial
 from pathlib import Path
 
 from aiohttp import web
@@ -56,14 +57,14 @@ from channels.webchat_sockets import (
     Socket,
     now_iso,
 )
-from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog
+from channels.webchat_store import MEDIA_NAME, LogEntry, WebchatLog, writer
 from gateway.kernel.bus import MessageBus
 from gateway.kernel.config import WebchatChannelConfig
 from gateway.kernel.events import ChatActivity, OutboundMessage
 from gateway.kernel.inbox_files import inbox_path
 from gateway.kernel.store import Store
 from gateway.kernel.store_db import StoreUnavailable
-from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark, TurnSend
 
 __all__ = [
     "AUTH_TIMEOUT", "CLOSE_UNAUTHORIZED", "MAX_PROGRESS_LINES", "MAX_QUEUED_FRAMES",
@@ -98,6 +99,12 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
         response.headers.setdefault(name, value)
     if request.path.startswith("/api/"):
         response.headers.setdefault("Cache-Control", "no-store")
+
+
+def _answer_text(msg: OutboundMessage) -> str:
+    """An answer as the log keeps it: files the agent attached are named, not served."""
+    return msg.text + "".join(f"\n\n[attachment: {Path(item.path or item.url or '').name}]"
+                              for item in msg.media)
 
 
 class WebchatChannel(ChatSockets):
@@ -229,23 +236,37 @@ class WebchatChannel(ChatSockets):
                 del lines[:-MAX_PROGRESS_LINES]
                 self._broadcast(msg.chat_id, {"type": "progress", "text": msg.text})
             return Delivery(ok=True)
-        text = msg.text
-        for item in msg.media:  # files the agent attached: named, not served
-            text += f"\n\n[attachment: {Path(item.path or item.url or '').name}]"
         try:
             entry, new = await self._log.add(
-                chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=text,
+                chat_id=msg.chat_id, role="assistant", kind=msg.kind, text=_answer_text(msg),
                 key=msg.idempotency_key, reply_to=msg.reply_to, created_at=msg.created_at,
                 mark=mark)
         except (sqlite3.Error, StoreUnavailable) as exc:
             return Delivery(ok=False, error=f"webchat log: {exc}")
+        if new and self._log.shared:  # in seq order with the other processes' answers
+            self.last_outbound_at = now_iso()
+            await self._push_answers(msg.chat_id, {entry.seq: msg.stream})
+            new = False
+        return self._sent(msg, (entry, new), recorded=mark is not None)
+
+    def send_with_turn(self, msg: OutboundMessage) -> TurnSend | None:
+        """``msg`` logged inside its turn's transaction (``TurnSend``), or None: sent the
+        usual way (a progress line, several processes, stopping)."""
+        if msg.kind == "progress" or self._log.shared or not self._running or self._closing:
+            return None
+        write = writer(chat_id=msg.chat_id, role="assistant", kind=msg.kind,
+                       text=_answer_text(msg), key=msg.idempotency_key, reply_to=msg.reply_to,
+                       created_at=msg.created_at)
+        return TurnSend(msg.idempotency_key, write, partial(self._sent, msg, recorded=True))
+
+    def _sent(self, msg: OutboundMessage, logged: tuple[LogEntry, bool], *,
+              recorded: bool) -> Delivery:
+        """An answer logged (``new``: just now): pushed to the chat's open pages."""
+        entry, new = logged
         if new:
             self.last_outbound_at = now_iso()
-            if self._log.shared:  # in seq order with the other processes' answers
-                await self._push_answers(msg.chat_id, {entry.seq: msg.stream})
-            else:
-                self._push_answer(entry, msg.stream)
-        return Delivery(ok=True, message_ids=(str(entry.seq),), recorded=mark is not None)
+            self._push_answer(entry, msg.stream)
+        return Delivery(ok=True, message_ids=(str(entry.seq),), recorded=recorded)
 
     def _push_answer(self, entry: LogEntry, stream: str | None) -> None:
         frame = {"type": "message", "message": entry.to_json()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -111,6 +112,37 @@ def user_key(chat_id: str, message_id: str) -> str:
     return f"in:{chat_id}:{message_id}"
 
 
+
+def writer(*, chat_id: str, role: Role, kind: str, text: str, key: str,
+           image: dict[str, Any] | None = None, message_id: str | None = None,
+           reply_to: str | None = None, accepted: bool = True,
+           created_at: datetime | None = None,
+           mark: OutboxMark | None = None) -> Callable[[Any], tuple[LogEntry, bool]]:
+    """The log's write of one message (``add``), for a transaction of the caller's (a
+    turn's: ``TurnSend``)."""
+    created = (created_at or datetime.now(UTC)).astimezone(UTC).isoformat()
+    image_json = json.dumps(image, separators=(",", ":")) if image else None
+    values = (chat_id, role, kind, text, image_json, image["name"] if image else None,
+              message_id, reply_to, key, int(accepted), created)
+
+    def write(db: Any) -> tuple[LogEntry, bool]:
+        if mark is not None:
+            mark_delivered(db, mark)
+        row = db.execute(f"SELECT {_COLS} FROM webchat_log WHERE idempotency_key = ?",
+                         (key,)).fetchone()
+        if row is not None:
+            return _entry(row), False
+        seq = db.execute(
+            "INSERT INTO webchat_log (chat_id, role, kind, text, image, media_name, "
+            "message_id, reply_to, idempotency_key, accepted, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values).lastrowid
+        assert seq is not None
+        return LogEntry(int(seq), chat_id, role, kind, text, image, message_id, reply_to,
+                        accepted, created), True
+
+    return write
+
+
 class WebchatLog:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -133,27 +165,10 @@ class WebchatLog:
         """Log one message once: ``(entry, True)`` when new, the earlier entry and False when
         ``key`` was logged before. ``mark``: the outbox row of the answer marked delivered
         in the same transaction."""
-        created = (created_at or datetime.now(UTC)).astimezone(UTC).isoformat()
-        image_json = json.dumps(image, separators=(",", ":")) if image else None
-        values = (chat_id, role, kind, text, image_json, image["name"] if image else None,
-                  message_id, reply_to, key, int(accepted), created)
-
-        def write(db: Any) -> tuple[LogEntry, bool]:
-            if mark is not None:
-                mark_delivered(db, mark)
-            row = db.execute(f"SELECT {_COLS} FROM webchat_log WHERE idempotency_key = ?",
-                             (key,)).fetchone()
-            if row is not None:
-                return _entry(row), False
-            seq = db.execute(
-                "INSERT INTO webchat_log (chat_id, role, kind, text, image, media_name, "
-                "message_id, reply_to, idempotency_key, accepted, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values).lastrowid
-            assert seq is not None
-            return LogEntry(int(seq), chat_id, role, kind, text, image, message_id, reply_to,
-                            accepted, created), True
-
-        return await self._store.write(write)
+        return await self._store.write(writer(
+            chat_id=chat_id, role=role, kind=kind, text=text, key=key, image=image,
+            message_id=message_id, reply_to=reply_to, accepted=accepted,
+            created_at=created_at, mark=mark))
 
     async def mark_accepted(self, seq: int) -> None:
         async with self._store.transaction() as db:

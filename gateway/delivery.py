@@ -34,7 +34,7 @@ from gateway.kernel.config import DeliveryConfig
 from gateway.kernel.events import ChatActivity, MessageStage, OutboundMessage, utcnow
 from gateway.kernel.store import PendingOutbound, Store
 from gateway.kernel.tasks import TaskSet
-from gateway.kernel.values import ChannelHints, Delivery, OutboxMark
+from gateway.kernel.values import ChannelHints, Delivery, OutboxMark, TurnSend
 from gateway.streaming import StreamDesk
 
 _log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class ChannelManager:
         """Replies shown while written; the root sets which channels (``settings``)."""
         bus.on_stream(self.streams.open)
         bus.on_stage(self._stage)
+        bus.on_send_with_turn(self.send_with_turn)
 
     # channels ------------------------------------------------------------------------------
 
@@ -277,6 +278,32 @@ class ChannelManager:
             self._idle.set()
 
     # one message ---------------------------------------------------------------------------
+
+    def send_with_turn(self, msg: OutboundMessage) -> TurnSend | None:
+        """``msg`` sent in the write of the turn that made it (``TurnSend``), when its channel
+        offers that (``send_with_turn``: its sending is a write to our database) and nothing
+        is ahead of it in its chat: no message of the chat queued or being sent here, none
+        published and not routed yet, no live reply of its to settle. None: the usual path."""
+        if self.store is None or msg.kind == "progress" or self.bus.outbound_size:
+            return None
+        channel = self.channels.get(msg.channel)
+        offer = getattr(channel, "send_with_turn", None)
+        if (channel is None or offer is None or channel.name in self.down
+                or (msg.channel, msg.chat_id) in self._chats
+                or (msg.stream is not None and not self.streams.quiet(msg.stream))):
+            return None
+        send: TurnSend | None = offer(msg)
+        if send is not None:
+            stats, settle = self.stats[channel.name], send.settle
+
+            def counted(result: object) -> Delivery:
+                delivery = settle(result)
+                stats.sent += 1
+                stats.last_send_ok = utcnow()
+                return delivery
+
+            send.settle = counted
+        return send
 
     async def deliver_now(self, msg: OutboundMessage, *, attempts: int = 3,
                           within: float = 15.0) -> Delivery:

@@ -131,6 +131,10 @@ class StreamDesk:
             await asyncio.wait({task})
         return self._ids.get(key)
 
+    def quiet(self, key: str) -> bool:
+        """Nothing shows the stream of ``key`` nor is showing it: its final needs no settling."""
+        return key not in self._tasks and key not in self._ids
+
     async def forget(self, key: str) -> None:
         """The final is delivered: the stream's message is the answer now."""
         if self._ids.pop(key, None) is not None and self.store is not None:

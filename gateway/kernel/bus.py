@@ -24,6 +24,7 @@ from gateway.kernel.events import (
     utcnow,
 )
 from gateway.kernel.streams import ReplyStream
+from gateway.kernel.values import TurnSend
 
 if TYPE_CHECKING:
     from gateway.kernel.store import Store
@@ -62,6 +63,7 @@ class MessageBus:
         self._stream_opener: Callable[[OutboundMessage], ReplyStream | None] | None = None
         self._stream_watchers: dict[str, Callable[[ReplyStream], None]] = {}
         self._stages: list[Callable[[MessageStage], None]] = []
+        self._with_turn: Callable[[OutboundMessage], TurnSend | None] | None = None
         self._store: Store | None = None
         self._ttl: Callable[[str], float] = lambda kind: 600.0
         self.last_inbound: dict[str, datetime] = {}
@@ -163,6 +165,16 @@ class MessageBus:
         while not self._inbound.empty():
             out.append(self._inbound.get_nowait())
         return out
+
+    def on_send_with_turn(self, offer: Callable[[OutboundMessage], TurnSend | None]) -> None:
+        """Who may send a reply in its turn's own write (the root's ``ChannelManager``)."""
+        self._with_turn = offer
+
+    def send_with_turn(self, msg: OutboundMessage) -> TurnSend | None:
+        """A turn's reply sent in the turn's own write (``TurnSend``: the turn passes it to
+        ``save_turn`` and settles it after), or None: store it and ``publish_outbound`` it."""
+        offer = self._with_turn
+        return offer(msg) if offer is not None else None
 
     async def publish_outbound(self, msg: OutboundMessage, *, stored: bool = False) -> None:
         """Queue ``msg`` for delivery, first writing it to the outbox unless ``stored``

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -33,6 +34,8 @@ import orjson
 from gateway.kernel.events import isoformat, utcnow
 from gateway.kernel.store_schema import CORE, SCHEMA, SCHEMA_VERSION, VERSIONS, upgrade_sqlite
 from gateway.kernel.store_sql import TableSet
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -84,6 +87,8 @@ class _Queued:
     """May take long (a backfill, a retention pass): its batch runs on the database thread."""
     result: Any = None
     error: BaseException | None = None
+    then: Callable[[Any], object] | None = None
+    """Run with ``result`` once the write committed, whether or not its caller still waits."""
 
 
 def _batch_in_transaction(conn: sqlite3.Connection, batch: list[_Queued], *,
@@ -300,7 +305,8 @@ class Database:
             return failed
         return exc
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T], *, slow: bool = False) -> T:
+    async def _write(self, fn: Callable[[sqlite3.Connection], T], *, slow: bool = False,
+                     then: Callable[[T], object] | None = None) -> T:
         """Run ``fn`` in a transaction: on the event loop's connection, with no thread hop; on
         the database thread when another process holds the lock or ``slow`` says it may take
         long (aiosqlite's ``_execute``/``_conn``; the version is pinned).
@@ -310,14 +316,16 @@ class Database:
         caller returns only after that COMMIT, so nothing is acknowledged before it is stored;
         when one of them fails the batch is rolled back and each is run alone, so another's
         write never fails for it. A caller cancelled before its batch starts is left out; one
-        cancelled later does not stop it (as a cancel during a COMMIT never could).
+        cancelled later does not stop it (as a cancel during a COMMIT never could); ``then``
+        runs with the result once it committed, even when its caller no longer waits (what a
+        committed write must be followed by: a reply sent in it shown, ``TurnSend``).
 
         On SQLite, when the last batch held more than one write (turns running side by
         side), the next waits up to ``GATHER_TURNS`` passes of the event loop while writes
         keep coming: at 100 chats that halves the COMMITs (1,347 → 696 for 1,000 turns) and
         the pages written to the log with them; one chat alone never waits."""
         loop = asyncio.get_running_loop()
-        entry = _Queued(fn, loop.create_future(), slow)
+        entry = _Queued(fn, loop.create_future(), slow, then=then)
         self._queued.append(entry)
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())
@@ -358,6 +366,11 @@ class Database:
                                 "the gateway stopped before this write finished"))
                     raise
             for e in batch:
+                if e.then is not None and e.error is None:
+                    try:
+                        e.then(e.result)
+                    except Exception:  # a bug of the caller's: the others are still told
+                        _log.exception("after a write committed")
                 if e.future.done():
                     continue
                 if e.error is not None:

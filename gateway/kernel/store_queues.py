@@ -39,6 +39,10 @@ MARK_DONE = ("UPDATE inbox SET status = 'done', done_at = ? "
 INSERT_OUTBOX = (
     "INSERT OR IGNORE INTO outbox (idempotency_key, channel, chat_id, kind, payload, created_at, "
     "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+INSERT_DELIVERED = (
+    "INSERT OR IGNORE INTO outbox (idempotency_key, channel, chat_id, kind, payload, created_at, "
+    "expires_at, status, attempts, delivered_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'delivered', 1, ?)")
+"""An outbox row stored delivered: its reply went out in the same transaction (``TurnSend``)."""
 
 
 _OUTBOX_RESULT = (

@@ -18,9 +18,10 @@ from gateway.kernel.frozen import frozen
 from gateway.kernel.secrets import SECRETS
 from gateway.kernel.snapshot_frame import pack, without_columns
 from gateway.kernel.store_db import dump_json, iso, load_json
-from gateway.kernel.store_queues import INSERT_OUTBOX, MARK_DONE, outbox_row
+from gateway.kernel.store_queues import INSERT_DELIVERED, INSERT_OUTBOX, MARK_DONE, outbox_row
 from gateway.kernel.store_search import index_statements
 from gateway.kernel.store_snapshots import UPSERT_TEXT, LayerTexts
+from gateway.kernel.values import TurnSend
 
 
 @frozen
@@ -347,15 +348,22 @@ class SessionTables(LayerTexts):
                         done: list[InboundMessage] | None = None,
                         outbound: list[tuple[OutboundMessage, datetime]] | None = None,
                         usage: UsageTags | None = None,
-                        index: tuple[str, str | None] | None = None) -> None:
+                        index: tuple[str, str | None] | None = None,
+                        sent: TurnSend | None = None) -> None:
         """Everything one turn writes, in one transaction: its messages, the inbound messages
         it answered (marked done), and its replies (into the outbox, to be delivered).
+        ``sent``: the reply whose channel sends it in this same transaction (its outbox row
+        stored delivered; ``TurnSend.done()`` once it committed, even if the turn was
+        cancelled meanwhile: a reply stored is shown).
         ``index``: (chat, person) the messages are found under by ``search_messages``; None:
         not indexed (a subagent's).
         ``texts``: what the snapshot names by content hash, each written once ever."""
         now = iso()
         done_rows = [(now, m.channel, m.chat_id, m.message_id) for m in done or ()]
-        outbox_rows = [outbox_row(m, e) for m, e in outbound or ()]
+        outbox_rows = [outbox_row(m, e) for m, e in outbound or ()
+                       if sent is None or m.idempotency_key != sent.key]
+        delivered_rows = [(*outbox_row(m, e), now) for m, e in outbound or ()
+                          if sent is not None and m.idempotency_key == sent.key]
         message_rows = [(session_id, turn_id, m.body["role"], dump_json(m.body), m.tokens, now)
                         for m in messages]
         call_rows = _call_rows(session_id, turn_id, calls or [], usage, now)
@@ -372,7 +380,11 @@ class SessionTables(LayerTexts):
 
         def write(db: sqlite3.Connection) -> None:
             db.executemany(MARK_DONE, done_rows)
-            db.executemany(INSERT_OUTBOX, outbox_rows)
+            if outbox_rows:
+                db.executemany(INSERT_OUTBOX, outbox_rows)
+            if sent is not None:
+                db.executemany(INSERT_DELIVERED, delivered_rows)
+                sent.run(db)
             if index is None or trigram:  # FTS5: indexed in batches (store_search)
                 db.executemany(INSERT_MESSAGE, message_rows)
             else:
@@ -393,7 +405,7 @@ class SessionTables(LayerTexts):
                 "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
                 (len(messages), now, total, session_id))
 
-        await self._write(write)
+        await self._write(write, then=None if sent is None else lambda _: sent.done())
         self._wrote_texts(text_rows, asked)
         if index is not None and trigram:
             self.wrote_unindexed(len(message_rows))

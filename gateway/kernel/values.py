@@ -8,6 +8,9 @@ through the message tool. ``COMMAND_DESCRIPTIONS`` is what channels put in their
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from gateway.kernel.frozen import frozen
 
 
@@ -40,6 +43,38 @@ class OutboxMark:
 
     key: str
     attempts: int
+
+
+class TurnSend:
+    """A reply sent in the write of the turn that made it (``Store.save_turn``'s ``sent``):
+    offered by a channel whose sending is itself a write to the gateway's database (the local
+    channel's reply log, WebChat's log), taken by the delivery side only when nothing is ahead
+    of the reply in its chat (``ChannelManager.send_with_turn``). The turn, its outbox row
+    (stored delivered) and the channel's record land in one commit; the delivery worker, its
+    write and its outbox update are not needed.
+
+    ``write(db)`` runs inside that transaction (again, should the group commit's batch be
+    rolled back and run alone); ``settle()`` runs once it committed (``done()``, called by the
+    store, even when the turn was cancelled meanwhile), with what ``write`` returned last: it
+    shows the reply (wakes the chat's readers) and says how it went."""
+
+    __slots__ = ("key", "write", "settle", "result")
+
+    def __init__(self, key: str, write: Callable[[Any], Any],
+                 settle: Callable[[Any], Delivery]) -> None:
+        self.key = key
+        """The reply's idempotency key: its outbox row is the one stored delivered."""
+        self.write = write
+        self.settle = settle
+        self.result: Any = None
+
+    def run(self, db: Any) -> None:
+        """(Inside the turn's transaction.)"""
+        self.result = self.write(db)
+
+    def done(self) -> Delivery:
+        """(After the commit.)"""
+        return self.settle(self.result)
 
 
 @frozen(kw_only=True)
