@@ -84,12 +84,14 @@ class ContextAssembly:
 
     def build(self, msg: InboundMessage, history: list[StoredMessage],
               compaction: Compaction | None, *, turn_id: str,
-              state: TurnState | None = None) -> BuiltContext:
+              state: TurnState | None = None, audience: Audience | None = None
+              ) -> BuiltContext:
+        """``audience``: the sender's, when the turn has it already (``audience(msg)``)."""
         if self._window_problem is None:  # once: the window may be known only now
             self._window_problem = self.plan().problem() or ""
         if self._window_problem:
             raise WindowTooSmall(f"{WINDOW_KEY}: {self._window_problem}")
-        audience = self.audience(msg)
+        audience = audience or self.audience(msg)
         models = self.models
         model = models.model_name(models.alias(msg)) if models is not None else None
         chat_prompt = models.prompt(msg) if models is not None else None

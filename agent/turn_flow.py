@@ -311,7 +311,8 @@ class TurnFlow:
         is made in the background once the turn has answered (``compacting_background``)."""
         history, more = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         built = self.assembly.build(turn.msg, history, turn.compaction,
-                                    turn_id=turn.ctx.turn_id, state=turn.state)
+                                    turn_id=turn.ctx.turn_id, state=turn.state,
+                                    audience=turn.ctx.audience)
         due = self.compaction.due(built, more, turn.compaction, turn.ctx.session_id) \
             if self.compaction.enabled else None
         if due == "compact" and self.background.must_wait(built, more):
@@ -434,7 +435,7 @@ class TurnFlow:
         """The context again, after a compaction."""
         history, _ = await self.assembly.history(turn.ctx.session_id, turn.compaction)
         return self.assembly.build(turn.msg, history, turn.compaction, turn_id=turn.ctx.turn_id,
-                                   state=turn.state)
+                                   state=turn.state, audience=turn.ctx.audience)
 
     def _try_with(self, turn: _Turn, built: BuiltContext) -> None:
         """A fresh try at the model with ``built``: its record and its hooks."""
