@@ -15,8 +15,8 @@ the server only listens on loopback, because ``{"path"}`` media lets a caller ha
 any file the gateway can read.
 
 The request contract (field checks, media specs, the bearer token) is in ``local_requests``,
-re-exported here; the server is ``http_serve``; the reply log ``local_log``. Longer than 450
-lines: the in-process API, the HTTP handlers and live replies share one window of records.
+re-exported here; the server is ``http_serve``; the reply log ``local_log``.
+Longer than 450 lines: the in-process API, the HTTP handlers and live replies share one window.
 """
 
 from __future__ import annotations
