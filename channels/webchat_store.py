@@ -112,7 +112,6 @@ def user_key(chat_id: str, message_id: str) -> str:
     return f"in:{chat_id}:{message_id}"
 
 
-
 def writer(*, chat_id: str, role: Role, kind: str, text: str, key: str,
            image: dict[str, Any] | None = None, message_id: str | None = None,
            reply_to: str | None = None, accepted: bool = True,
