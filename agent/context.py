@@ -20,7 +20,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
-from agent.fingerprint import context_hash
+from agent.fingerprint import context_hash, digests_hash, message_digest
+from agent.history import HistoryRows
 from agent.snapshots import text_hash
 from agent.system_prompt import (
     BUILTIN_SKILLS,
@@ -125,6 +126,9 @@ class ContextBuilder:
         self._summary_tokens: dict[int, int] = {}
         self._kept_cap = 0
         """Compaction id → its summary message's tokens: counted once, not every turn."""
+        self._system_text = ""
+        self._system_part = b""
+        """The last system prompt's text and its part of the fingerprint."""
 
     # system ------------------------------------------------------------------------------
 
@@ -231,12 +235,14 @@ class ContextBuilder:
 
     # assembly -----------------------------------------------------------------------------
 
-    def _fit_history(self, history: list[StoredMessage], available: int,
-                     trimmed: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
+    def _fit_history(self, history: list[StoredMessage], available: int, trimmed: list[str]
+                     ) -> tuple[list[dict[str, Any]], int, int, int, list[bytes] | None]:
         """(messages kept, their tokens, whole turns dropped to fit ``available``, the
-        tokens of all of them). Turns start at a user message (``history_groups``). It runs
-        every turn over up to ``max_recent_messages``: a few passes in comprehensions, and the
-        turns' bounds only when some must go."""
+        tokens of all of them, the kept messages' digests when ``history`` carries them).
+        Turns start at a user message (``history_groups``). It runs every turn over up to
+        ``max_recent_messages``: from what ``HistoryRows`` carries (a look at the tool
+        results alone) when nothing is to be shortened or left out; the whole window, and
+        the turns' bounds, only when something is."""
         n = len(history)
         first = 0
         while first < n and history[first].role != "user":
@@ -245,16 +251,27 @@ class ContextBuilder:
             trimmed.append(f"dropped {first} message(s) of a turn cut by max_recent_messages")
         cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
         rest = history[first:] if first else history
-        bodies = [m.body for m in rest]
-        counts = [m.tokens for m in rest]
-        shortened = 0
-        for i in [i for i, m in enumerate(rest) if m.role == "tool" and m.tokens > cap]:
+        digests: list[bytes] | None = None
+        if isinstance(history, HistoryRows) and not first:  # figured once per message
+            bodies, total, digests = history.bodies, history.tokens, history.digests
+            long = [i for i in history.tools if history[i].tokens > cap]
+        else:
+            bodies, total = [m.body for m in rest], sum(m.tokens for m in rest)
+            long = [i for i, m in enumerate(rest) if m.role == "tool" and m.tokens > cap]
+        counts: list[int] = []
+        if long or total > available:
+            bodies, counts = list(bodies), [m.tokens for m in rest]
+        if long and digests is not None:
+            digests = list(digests)
+        for i in long:
             bodies[i], counts[i] = self.shorten_tool(bodies[i], cap)
-            shortened += 1
-        if shortened:
-            trimmed.append(f"shortened {shortened} old tool result(s) to "
+            if digests is not None:
+                digests[i] = message_digest(bodies[i])
+        if long:
+            trimmed.append(f"shortened {len(long)} old tool result(s) to "
                            f"{cap} tokens")
-        total = everything = sum(counts)
+            total = sum(counts)
+        everything = total
         dropped = 0
         kept = bodies
         if total > available:  # whole turns, oldest first, each from its user message
@@ -264,11 +281,13 @@ class ContextBuilder:
                 total -= sum(counts[starts[dropped]:ends[dropped]])
                 dropped += 1
             kept = bodies[starts[dropped]:] if dropped < len(starts) else []
+            if digests is not None:
+                digests = digests[starts[dropped]:] if dropped < len(starts) else []
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
         self._kept_cap = cap
-        return kept, total, dropped, everything
+        return kept, total, dropped, everything, digests
 
     def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode_ordinary(str(body.get("content") or ""))
@@ -279,6 +298,15 @@ class ContextBuilder:
 
     def summary_message(self, compaction: Compaction) -> dict[str, Any]:
         return {"role": "user", "content": f"{SUMMARY_TAG}\n{compaction.summary}"}
+
+    def _system_digest(self, message: dict[str, Any]) -> bytes:
+        """The system message's part of the fingerprint, kept while its text is the same (it
+        is the largest message, and the same turn after turn)."""
+        text = message["content"]
+        if text != self._system_text:
+            self._system_part = message_digest(message)
+            self._system_text = text
+        return self._system_part
 
     def _summary_message_tokens(self, compaction: Compaction, message: dict[str, Any]) -> int:
         tokens = self._summary_tokens.get(compaction.id)
@@ -320,9 +348,14 @@ class ContextBuilder:
         available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
                      - summary_tokens - runtime_tokens - user_tokens)
         trimmed: list[str] = []
-        kept, history_tokens, dropped, everything = self._fit_history(
+        kept, history_tokens, dropped, everything, kept_digests = self._fit_history(
             history, max(available, 0), trimmed)
-        messages = [{"role": "system", "content": system.text}, *summary, *kept, runtime, user]
+        system_message = {"role": "system", "content": system.text}
+        messages = [system_message, *summary, *kept, runtime, user]
+        if kept_digests is None:
+            kept_digests = [message_digest(m) for m in kept]
+        digests = [self._system_digest(system_message), *map(message_digest, summary),
+                   *kept_digests, message_digest(runtime), message_digest(user)]
         layer_hashes = self.prompts.layer_hashes(system)
         texts = {h: layer.text for layer, (_, h) in zip(system.layers, layer_hashes,
                                                          strict=True)}
@@ -332,7 +365,7 @@ class ContextBuilder:
         if total > self.max_context_tokens - reserve:
             trimmed.append("over budget even without history: the current input is kept whole")
         snapshot = {
-            "session_key": session_key, "turn_id": turn_id, "hash": context_hash(messages),
+            "session_key": session_key, "turn_id": turn_id, "hash": digests_hash(digests),
             "trust": inbound.trust, "model": model, "owner_files": audience.owner_files,
             "memory_scopes": [scope.name for scope in audience.recall],
             "total_tokens": total, "max_context_tokens": self.max_context_tokens,

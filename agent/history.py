@@ -5,13 +5,20 @@ written since are read and parsed; the cache holds the messages since the last c
 most ``max_recent_messages``) of the most recently used sessions. Another process writing to
 the same database (``parley chat`` beside the gateway) is seen too: the next read starts after
 the last id held, whoever wrote the rows.
+
+What the context builder needs of the whole window every turn (the bodies in order, their
+tokens in all, where the tool results are) is kept beside the rows and carried forward with
+them (``HistoryRows``), so a turn's own cost does not grow with its history: at a few hundred
+messages a turn went over each of them four times in Python (bench/RESULTS.md, round fifteen).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
+from agent.fingerprint import message_digest
 from gateway.kernel.store import Compaction, Store, StoredMessage
 
 SESSIONS_KEPT = 128
@@ -22,11 +29,44 @@ TOKENS_KEPT = 2_000_000
 """And at most this many tokens of history held, all sessions together (~8 MB of text)."""
 
 
+class HistoryRows(list[StoredMessage]):
+    """The rows a session's turn reads (a list, oldest first), with what the context builder
+    would otherwise work out from all of them: ``bodies`` (each row's ``body``, in order),
+    ``tokens`` (their sum), ``tools`` (the positions of the tool results) and ``digests``
+    (each body's part of the context's fingerprint, ``agent/fingerprint``). Made here, from
+    rows whose figures were carried forward; never changed once made."""
+
+    __slots__ = ("bodies", "digests", "tokens", "tools")
+
+    def __init__(self, rows: list[StoredMessage], bodies: list[dict[str, Any]], tokens: int,
+                 tools: list[int], digests: list[bytes]) -> None:
+        super().__init__(rows)
+        self.bodies = bodies
+        self.tokens = tokens
+        self.tools = tools
+        self.digests = digests
+
+    @classmethod
+    def of(cls, rows: list[StoredMessage]) -> HistoryRows:
+        """The figures worked out from ``rows`` alone."""
+        bodies = [m.body for m in rows]
+        return cls(rows, bodies, sum(m.tokens for m in rows), _tools_in(rows),
+                   [message_digest(b) for b in bodies])
+
+
 @dataclass(slots=True)
 class _Held:
     start: int
     rows: list[StoredMessage]
     tokens: int
+    bodies: list[dict[str, Any]]
+    tools: list[int]
+    """Positions in ``rows`` of the tool results."""
+    digests: list[bytes]
+
+
+def _tools_in(rows: list[StoredMessage]) -> list[int]:
+    return [i for i, m in enumerate(rows) if m.role == "tool"]
 
 
 class HistoryCache:
@@ -37,31 +77,42 @@ class HistoryCache:
         self._tokens = 0
 
     async def history(self, session_id: int,
-                      compaction: Compaction | None) -> tuple[list[StoredMessage], bool]:
+                      compaction: Compaction | None) -> tuple[HistoryRows, bool]:
         """Messages since the last compaction, at most ``limit``; and whether there were
         more (then the session is due for compaction)."""
         start = compaction.first_kept_id if compaction else 0
         held = self._held.get(session_id)
         if held is None or held.start != start:
             rows = await self.store.recent_messages(session_id, self.limit + 1, from_id=start)
-            tokens = sum(m.tokens for m in rows)
+            whole = HistoryRows.of(rows)
+            now = _Held(start, rows, whole.tokens, whole.bodies, whole.tools, whole.digests)
         else:
             after = held.rows[-1].id + 1 if held.rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
-            rows, tokens = held.rows, held.tokens
-            if new:  # the held tokens go on: what came added, what left the window taken off
+            now = held
+            if new:  # carried forward: what came added, what left the window taken off
                 rows = held.rows + new
-                tokens += sum(m.tokens for m in new)
+                added = HistoryRows.of(new)
+                now = _Held(start, rows, held.tokens + added.tokens, held.bodies + added.bodies,
+                            held.tools + [len(held.rows) + i for i in added.tools],
+                            held.digests + added.digests)
                 cut = len(rows) - (self.limit + 1)
                 if cut > 0:
-                    tokens -= sum(m.tokens for m in rows[:cut])
-                    rows = rows[cut:]
+                    now = _Held(start, rows[cut:],
+                                now.tokens - sum(m.tokens for m in rows[:cut]),
+                                now.bodies[cut:], [i - cut for i in now.tools if i >= cut],
+                                now.digests[cut:])
         if held is not None:
             self._tokens -= held.tokens
-        self._held[session_id] = _Held(start, rows, tokens)
+        self._held[session_id] = now
         self._held.move_to_end(session_id)
-        self._tokens += tokens
+        self._tokens += now.tokens
         while len(self._held) > 1 and (len(self._held) > SESSIONS_KEPT
                                        or self._tokens > TOKENS_KEPT):
             self._tokens -= self._held.popitem(last=False)[1].tokens
-        return (rows[1:], True) if len(rows) > self.limit else (rows, False)
+        rows = now.rows
+        if len(rows) > self.limit:  # the oldest was read only to tell that there are more
+            tools = now.tools[1:] if now.tools and now.tools[0] == 0 else now.tools
+            return HistoryRows(rows[1:], now.bodies[1:], now.tokens - rows[0].tokens,
+                               [i - 1 for i in tools], now.digests[1:]), True
+        return HistoryRows(rows, now.bodies, now.tokens, now.tools, now.digests), False

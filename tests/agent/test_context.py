@@ -285,10 +285,12 @@ def test_unreadable_image_is_noted(tmp_path: Path, counter: TokenCounter) -> Non
 
 
 def test_context_hash_forms() -> None:
-    """The fingerprint is "2:" and the SHA-256 of the messages in sorted-key compact JSON (key
-    order does not change it, a new message does); a stored fingerprint of the first form
-    (bare SHA-256 of ``json.dumps(messages, sort_keys=True)``) gets that form back, and a later
-    call's fingerprint keeps its first call's form."""
+    """The fingerprint is "3:" and the SHA-256 of the messages' own SHA-256 digests, each of a
+    message in sorted-key compact JSON (key order does not change it, a new message does, and
+    so does moving a byte from one message to the next); a stored fingerprint of form 2 (the
+    SHA-256 of the whole list so written) or of the first form (bare SHA-256 of
+    ``json.dumps(messages, sort_keys=True)``) gets that form back, and a later call's
+    fingerprint keeps its first call's form."""
     import hashlib
     import json
 
@@ -297,19 +299,26 @@ def test_context_hash_forms() -> None:
     from agent.context import context_hash
     from agent.fingerprint import call_hash
 
+    def sha(data: bytes) -> hashlib._Hash:
+        return hashlib.sha256(data)
+
     history = [{"role": "user", "content": "héllo"},
                {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "b": 2}]}]
     new = context_hash(history)
-    assert new == "2:" + hashlib.sha256(orjson.dumps(history, option=orjson.OPT_SORT_KEYS)
-                                        ).hexdigest()
+    assert new == "3:" + sha(b"".join(sha(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)).digest()
+                                      for m in history)).hexdigest()
     assert context_hash([{"content": "héllo", "role": "user"}, history[1]]) == new
     assert context_hash([*history, {"role": "user", "content": "a"}]) != \
         context_hash([*history, {"role": "user", "content": "b"}])
-    first = hashlib.sha256(json.dumps(history, sort_keys=True, ensure_ascii=False).encode()
-                           ).hexdigest()
+    assert context_hash([{"role": "user", "content": "ab"}, {"role": "user", "content": "c"}]) \
+        != context_hash([{"role": "user", "content": "a"}, {"role": "user", "content": "bc"}])
+    second = "2:" + sha(orjson.dumps(history, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert context_hash(history, like="2:" + "0" * 64) == second
+    first = sha(json.dumps(history, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
     assert context_hash(history, like="0" * 64) == first
     assert context_hash(history, like=new) == new
-    assert call_hash(new, history, {}).startswith("2:")
+    assert call_hash(new, history, {}).startswith("3:")
+    assert call_hash(second, history, {}).startswith("2:")
     assert call_hash(first, history, {}) == hashlib.sha256(json.dumps(
         {"base": first, "added": history, "shortened": []}, sort_keys=True,
         ensure_ascii=False).encode()).hexdigest()

@@ -187,7 +187,7 @@ def test_snapshot_hash_is_deterministic(tmp_path: Path, counter: TokenCounter) -
     # The inputs differ only in the inbound message's generated id, which the model never sees.
     assert {**again, "inputs": None} == {**first, "inputs": None}
     assert again["inputs"]["history_ids"] == first["inputs"]["history_ids"]
-    assert first["hash"].startswith("2:") and len(first["hash"]) == 66
+    assert first["hash"].startswith("3:") and len(first["hash"]) == 66
     assert first["session_key"] == "telegram:c42" and first["turn_id"] == "t1"
     assert first["sources"]["history_available"] == 6
     assert first["sources"]["history_kept"] == 6
@@ -264,6 +264,74 @@ async def test_the_history_cache_counts_its_window_as_it_slides(tmp_path: Path) 
             held = cache._held[session]
             assert held.tokens == sum(m.tokens for m in held.rows) == cache._tokens
             assert len(held.rows) <= 4 and more == (len(held.rows) == 4)
+            assert_carried(rows)
         assert [m.body["content"] for m in rows] == ["m7", "m7", "m8"]
     finally:
         await store.close()
+
+
+def assert_carried(rows: list[StoredMessage]) -> None:
+    """What ``HistoryRows`` carries forward is what its rows say."""
+    from agent.fingerprint import message_digest
+    from agent.history import HistoryRows
+
+    assert isinstance(rows, HistoryRows)
+    assert rows.bodies == [m.body for m in rows]
+    assert all(a is b for a, b in zip(rows.bodies, (m.body for m in rows), strict=True))
+    assert rows.tokens == sum(m.tokens for m in rows)
+    assert rows.tools == [i for i, m in enumerate(rows) if m.role == "tool"]
+    assert rows.digests == [message_digest(m.body) for m in rows]
+
+
+async def test_the_history_cache_carries_the_windows_figures_forward(tmp_path: Path) -> None:
+    """Tool results come and leave the window (also as the oldest row, read only to tell
+    that there are more): the positions, bodies and tokens carried forward turn after turn
+    stay those of the rows returned."""
+    from agent.history import HistoryCache
+    from gateway.kernel.store import Store
+    from gateway.kernel.store_sessions import NewMessage
+
+    store = await Store.open(tmp_path / "parley.db")
+    try:
+        cache = HistoryCache(store, limit=5)
+        session = (await store.active_session("local:c1")).id
+        for n in range(12):
+            bodies = tool_turn(n) if n % 3 == 0 else chat_turn(n)
+            await store.save_turn(session_id=session, turn_id=f"t{n}", inbound_id=None,
+                                  messages=[NewMessage(b, 7 + n) for b in bodies])
+            rows, _ = await cache.history(session, None)
+            assert_carried(rows)
+            assert len(rows) == min(5, sum(4 if k % 3 == 0 else 2 for k in range(n + 1)))
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("case", ["fits", "shortened", "over budget", "orphan"])
+def test_the_carried_figures_build_the_same_context(tmp_path: Path, counter: TokenCounter,
+                                                    case: str) -> None:
+    """A turn's context from ``HistoryRows`` (what the gateway passes) is the one the rows
+    alone give (what a replay passes), byte for byte, whatever is trimmed."""
+    from agent.history import HistoryRows
+
+    long_result = " ".join(f"line{i}" for i in range(400))
+    bodies = chat_turn(1, 40) + tool_turn(2, long_result) + chat_turn(3, 40)
+    if case == "orphan":
+        bodies = bodies[3:]
+    rows = stored(counter, bodies)
+    carried = HistoryRows.of(rows)
+    base = _base_tokens(tmp_path, counter)
+    context: dict[str, Any] = {
+        "fits": {}, "orphan": {}, "shortened": {"max_tool_snippet_tokens": 50},
+        "over budget": {"max_context_tokens": base + sum(m.tokens for m in rows[-2:]) + 5}}[case]
+    builder = make_builder(tmp_path, counter, **context)
+    msg = inbound()
+    one = builder.build(inbound=msg, history=rows, hints=HINTS)
+    two = builder.build(inbound=msg, history=carried, hints=HINTS)
+    assert one.messages == two.messages and one.snapshot == two.snapshot
+    trimmed = {"fits": [], "orphan": ["dropped 3 message(s) of a turn cut by "
+                                      "max_recent_messages"]}
+    if case in trimmed:
+        assert two.snapshot["trimmed"] == trimmed[case]
+    else:
+        assert two.snapshot["trimmed"]
+    assert carried.bodies == [m.body for m in rows]  # the carried figures are not changed
