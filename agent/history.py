@@ -14,6 +14,7 @@ messages a turn went over each of them four times in Python (bench/RESULTS.md, r
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,19 @@ class _Held:
     """Positions in ``rows`` of the tool results."""
     digests: list[bytes]
 
+    def without(self, cut: int, start: int) -> _Held:
+        """The rows from ``cut`` on (all of them when ``cut`` ≤ 0), from ``start``."""
+        if cut <= 0:
+            return self if start == self.start else _Held(
+                start, self.rows, self.tokens, self.bodies, self.tools, self.digests)
+        return _Held(start, self.rows[cut:], self.tokens - sum(m.tokens for m in self.rows[:cut]),
+                     self.bodies[cut:], [i - cut for i in self.tools if i >= cut],
+                     self.digests[cut:])
+
+
+def _row_id(row: StoredMessage) -> int:
+    return row.id
+
 
 def _tools_in(rows: list[StoredMessage]) -> list[int]:
     return [i for i, m in enumerate(rows) if m.role == "tool"]
@@ -82,26 +96,26 @@ class HistoryCache:
         more (then the session is due for compaction)."""
         start = compaction.first_kept_id if compaction else 0
         held = self._held.get(session_id)
-        if held is None or held.start != start:
+        base = held
+        if held is not None and held.start < start and held.rows and held.rows[0].id <= start:
+            # a compaction moved the start on within what is held: those rows are kept, not
+            # read and parsed again
+            base = held.without(bisect_left(held.rows, start, key=_row_id), start)
+        if base is None or base.start != start:
             rows = await self.store.recent_messages(session_id, self.limit + 1, from_id=start)
             whole = HistoryRows.of(rows)
             now = _Held(start, rows, whole.tokens, whole.bodies, whole.tools, whole.digests)
         else:
-            after = held.rows[-1].id + 1 if held.rows else start
+            after = base.rows[-1].id + 1 if base.rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
-            now = held
+            now = base
             if new:  # carried forward: what came added, what left the window taken off
-                rows = held.rows + new
                 added = HistoryRows.of(new)
-                now = _Held(start, rows, held.tokens + added.tokens, held.bodies + added.bodies,
-                            held.tools + [len(held.rows) + i for i in added.tools],
-                            held.digests + added.digests)
-                cut = len(rows) - (self.limit + 1)
-                if cut > 0:
-                    now = _Held(start, rows[cut:],
-                                now.tokens - sum(m.tokens for m in rows[:cut]),
-                                now.bodies[cut:], [i - cut for i in now.tools if i >= cut],
-                                now.digests[cut:])
+                now = _Held(start, base.rows + new, base.tokens + added.tokens,
+                            base.bodies + added.bodies,
+                            base.tools + [len(base.rows) + i for i in added.tools],
+                            base.digests + added.digests)
+                now = now.without(len(now.rows) - (self.limit + 1), start)
         if held is not None:
             self._tokens -= held.tokens
         self._held[session_id] = now

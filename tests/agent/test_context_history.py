@@ -285,10 +285,10 @@ def assert_carried(rows: list[StoredMessage]) -> None:
 
 async def test_the_history_cache_carries_the_windows_figures_forward(tmp_path: Path) -> None:
     """Tool results come and leave the window (also as the oldest row, read only to tell
-    that there are more): the positions, bodies and tokens carried forward turn after turn
-    stay those of the rows returned."""
+    that there are more), compactions move its start: the positions, bodies, tokens and
+    digests carried forward stay those of the rows returned."""
     from agent.history import HistoryCache
-    from gateway.kernel.store import Store
+    from gateway.kernel.store import Compaction, Store
     from gateway.kernel.store_sessions import NewMessage
 
     store = await Store.open(tmp_path / "parley.db")
@@ -302,6 +302,25 @@ async def test_the_history_cache_carries_the_windows_figures_forward(tmp_path: P
             rows, _ = await cache.history(session, None)
             assert_carried(rows)
             assert len(rows) == min(5, sum(4 if k % 3 == 0 else 2 for k in range(n + 1)))
+        # a compaction moves the start on within the rows held: none is read again
+        reads: list[int] = []
+        real = store.recent_messages
+
+        async def counted(session_id: int, limit: int, from_id: int = 0) -> list[StoredMessage]:
+            found = await real(session_id, limit, from_id)
+            reads.append(len(found))
+            return found
+
+        store.recent_messages = counted  # type: ignore[method-assign]
+        for kept_from in (rows[1].id, rows[3].id, rows[-1].id + 1):
+            summary = Compaction(kept_from, "earlier", 3, kept_from, 100, 4)
+            got, more = await cache.history(session, summary)
+            fresh, fresh_more = await HistoryCache(store, limit=5).history(session, summary)
+            assert [m.id for m in got] == [m.id for m in fresh] and more == fresh_more
+            assert all(m.id >= kept_from for m in got)
+            assert_carried(got)
+            assert reads[-2] == 0  # the held cache read nothing new (the fresh one read all)
+        assert got == []
     finally:
         await store.close()
 
