@@ -51,36 +51,39 @@ class HistoryRows(list[StoredMessage]):
     def of(cls, rows: list[StoredMessage]) -> HistoryRows:
         """The figures worked out from ``rows`` alone."""
         bodies = [m.body for m in rows]
-        return cls(rows, bodies, sum(m.tokens for m in rows), _tools_in(rows),
+        return cls(rows, bodies, sum(m.tokens for m in rows),
+                   [i for i, m in enumerate(rows) if m.role == "tool"],
                    [message_digest(b) for b in bodies])
+
+    def extended(self, new: list[StoredMessage]) -> HistoryRows:
+        """These rows and then ``new``: only the new rows' figures worked out."""
+        added = HistoryRows.of(new)
+        return HistoryRows([*self, *added], self.bodies + added.bodies,
+                           self.tokens + added.tokens,
+                           self.tools + [len(self) + i for i in added.tools],
+                           self.digests + added.digests)
+
+    def without(self, cut: int) -> HistoryRows:
+        """The rows from ``cut`` on (these same rows when ``cut`` ≤ 0)."""
+        if cut <= 0:
+            return self
+        return HistoryRows(self[cut:], self.bodies[cut:],
+                           self.tokens - sum(m.tokens for m in self[:cut]),
+                           [i - cut for i in self.tools if i >= cut], self.digests[cut:])
 
 
 @dataclass(slots=True)
 class _Held:
     start: int
-    rows: list[StoredMessage]
-    tokens: int
-    bodies: list[dict[str, Any]]
-    tools: list[int]
-    """Positions in ``rows`` of the tool results."""
-    digests: list[bytes]
+    rows: HistoryRows
 
-    def without(self, cut: int, start: int) -> _Held:
-        """The rows from ``cut`` on (all of them when ``cut`` ≤ 0), from ``start``."""
-        if cut <= 0:
-            return self if start == self.start else _Held(
-                start, self.rows, self.tokens, self.bodies, self.tools, self.digests)
-        return _Held(start, self.rows[cut:], self.tokens - sum(m.tokens for m in self.rows[:cut]),
-                     self.bodies[cut:], [i - cut for i in self.tools if i >= cut],
-                     self.digests[cut:])
+    @property
+    def tokens(self) -> int:
+        return self.rows.tokens
 
 
 def _row_id(row: StoredMessage) -> int:
     return row.id
-
-
-def _tools_in(rows: list[StoredMessage]) -> list[int]:
-    return [i for i, m in enumerate(rows) if m.role == "tool"]
 
 
 class HistoryCache:
@@ -96,26 +99,23 @@ class HistoryCache:
         more (then the session is due for compaction)."""
         start = compaction.first_kept_id if compaction else 0
         held = self._held.get(session_id)
-        base = held
+        rows = held.rows if held is not None else None
         if held is not None and held.start < start and held.rows and held.rows[0].id <= start:
             # a compaction moved the start on within what is held: those rows are kept, not
             # read and parsed again
-            base = held.without(bisect_left(held.rows, start, key=_row_id), start)
-        if base is None or base.start != start:
-            rows = await self.store.recent_messages(session_id, self.limit + 1, from_id=start)
-            whole = HistoryRows.of(rows)
-            now = _Held(start, rows, whole.tokens, whole.bodies, whole.tools, whole.digests)
+            rows = held.rows.without(bisect_left(held.rows, start, key=_row_id))
+        elif held is not None and held.start != start:
+            rows = None
+        if rows is None:
+            rows = HistoryRows.of(await self.store.recent_messages(
+                session_id, self.limit + 1, from_id=start))
         else:
-            after = base.rows[-1].id + 1 if base.rows else start
+            after = rows[-1].id + 1 if rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
-            now = base
             if new:  # carried forward: what came added, what left the window taken off
-                added = HistoryRows.of(new)
-                now = _Held(start, base.rows + new, base.tokens + added.tokens,
-                            base.bodies + added.bodies,
-                            base.tools + [len(base.rows) + i for i in added.tools],
-                            base.digests + added.digests)
-                now = now.without(len(now.rows) - (self.limit + 1), start)
+                rows = rows.extended(new)
+                rows = rows.without(len(rows) - (self.limit + 1))
+        now = _Held(start, rows)
         if held is not None:
             self._tokens -= held.tokens
         self._held[session_id] = now
@@ -124,9 +124,6 @@ class HistoryCache:
         while len(self._held) > 1 and (len(self._held) > SESSIONS_KEPT
                                        or self._tokens > TOKENS_KEPT):
             self._tokens -= self._held.popitem(last=False)[1].tokens
-        rows = now.rows
         if len(rows) > self.limit:  # the oldest was read only to tell that there are more
-            tools = now.tools[1:] if now.tools and now.tools[0] == 0 else now.tools
-            return HistoryRows(rows[1:], now.bodies[1:], now.tokens - rows[0].tokens,
-                               [i - 1 for i in tools], now.digests[1:]), True
-        return HistoryRows(rows, now.bodies, now.tokens, now.tools, now.digests), False
+            return rows.without(1), True
+        return rows, False
