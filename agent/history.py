@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from agent.fingerprint import message_digest
@@ -39,8 +41,8 @@ class HistoryRows(list[StoredMessage]):
 
     __slots__ = ("bodies", "digests", "tokens", "tools")
 
-    def __init__(self, rows: list[StoredMessage], bodies: list[dict[str, Any]], tokens: int,
-                 tools: list[int], digests: list[bytes]) -> None:
+    def __init__(self, rows: Iterable[StoredMessage], bodies: list[dict[str, Any]],
+                 tokens: int, tools: list[int], digests: list[bytes]) -> None:
         super().__init__(rows)
         self.bodies = bodies
         self.tokens = tokens
@@ -56,12 +58,14 @@ class HistoryRows(list[StoredMessage]):
                    [message_digest(b) for b in bodies])
 
     def extended(self, new: list[StoredMessage]) -> HistoryRows:
-        """These rows and then ``new``: only the new rows' figures worked out."""
-        added = HistoryRows.of(new)
-        return HistoryRows([*self, *added], self.bodies + added.bodies,
-                           self.tokens + added.tokens,
-                           self.tools + [len(self) + i for i in added.tools],
-                           self.digests + added.digests)
+        """These rows and then ``new``: only the new rows' figures worked out (each list
+        copied once: this runs every turn, over the whole window)."""
+        bodies = [m.body for m in new]
+        n = len(self)
+        return HistoryRows(chain(self, new), self.bodies + bodies,
+                           self.tokens + sum(m.tokens for m in new),
+                           self.tools + [n + i for i, m in enumerate(new) if m.role == "tool"],
+                           self.digests + [message_digest(b) for b in bodies])
 
     def without(self, cut: int) -> HistoryRows:
         """The rows from ``cut`` on (these same rows when ``cut`` ≤ 0)."""

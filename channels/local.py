@@ -82,6 +82,44 @@ MAX_IDEMPOTENCY_KEYS = 5000
 ANSWER_KINDS = frozenset({"reply", "error", "notice"})
 
 
+
+class _Poll:
+    """A long poll's wake-up: a future that a reply (``_wake``), the channel stopping, or the
+    poll's deadline settles. Lighter than an ``asyncio.Event`` under ``asyncio.timeout`` (two
+    objects, a loop lookup and the task's cancel bookkeeping each wait), which every turn's
+    ``GET`` paid (issue 24)."""
+
+    __slots__ = ("future", "woken")
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] | None = None
+        self.woken = False
+
+    def set(self) -> None:
+        self.woken = True
+        if self.future is not None and not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Until ``set`` (or a ``set`` since the last wait) or ``deadline``."""
+        if self.woken:
+            self.woken = False
+            return
+        future = self.future = loop.create_future()
+        timer = loop.call_at(deadline, _settle, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self.future = None
+            self.woken = False
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class LocalChannelError(Exception):
     """The local channel cannot do what was asked (unsafe listen address, stopped channel)."""
 
@@ -116,7 +154,7 @@ class LocalChannel(ChannelBase):
         self._deliveries: OrderedDict[str, Delivery] = OrderedDict()
         self._seq = 0
         self._stored = 0
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._waiters: dict[str, set[_Poll]] = {}
         """Long polls waiting per chat: a reply wakes only its own chat's pollers."""
         self._running = False
         self._closing = False
@@ -187,9 +225,9 @@ class LocalChannel(ChannelBase):
     async def stop(self) -> None:
         """Wake every long poll first, so the server's shutdown does not wait for them."""
         self._closing = True
-        for events in self._waiters.values():
-            for event in events:
-                event.set()
+        for polls in self._waiters.values():
+            for poll in polls:
+                poll.set()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(5.0)
@@ -266,8 +304,8 @@ class LocalChannel(ChannelBase):
         return seq
 
     def _wake(self, chat_id: str) -> None:
-        for event in self._waiters.get(chat_id, ()):
-            event.set()
+        for poll in self._waiters.get(chat_id, ()):
+            poll.set()
 
     async def replies_elsewhere(self, chat_id: str) -> None:
         """(Several processes on PostgreSQL.) Another process stored a reply to ``chat_id``
@@ -335,20 +373,19 @@ class LocalChannel(ChannelBase):
         before: a reply stored meanwhile wakes it)."""
         shared = self._replies is not None and self._replies.shared
         if shared or (timeout > 0 and not self._closing and self._last_seq(chat_id) <= after):
-            event = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + max(timeout, 0)
+            poll = _Poll()
             waiters = self._waiters.setdefault(chat_id, set())
-            waiters.add(event)
+            waiters.add(poll)
             try:
                 if shared:
                     await self._sync(chat_id)
-                async with asyncio.timeout(timeout if timeout > 0 else 0):
-                    while not self._closing and self._last_seq(chat_id) <= after:
-                        event.clear()
-                        await event.wait()
-            except TimeoutError:
-                pass
+                while (not self._closing and self._last_seq(chat_id) <= after
+                       and loop.time() < deadline):
+                    await poll.wait(loop, deadline)
             finally:
-                waiters.discard(event)
+                waiters.discard(poll)
                 if not waiters:
                     self._waiters.pop(chat_id, None)
         newer: list[dict[str, Any]] = []

@@ -58,8 +58,25 @@ _LEFT_OUT: dict[str, dict[str, Any]] = {
 _CALL_DEFAULTS: dict[str, Any] = {"added": 0, "shortened": []}
 
 
+_MISSING = object()
+
+
 def _lean(inbound: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in inbound.items() if k not in _DEFAULTS or _DEFAULTS[k] != v}
+    defaults = _DEFAULTS
+    return {k: v for k, v in inbound.items() if defaults.get(k, _MISSING) != v}
+
+
+_TEMPLATES: dict[str, str] = {}
+"""Runtime templates' hashes by text: a chat's template is the same turn after turn."""
+
+
+def _template_hash(template: str) -> str:
+    digest = _TEMPLATES.get(template)
+    if digest is None:
+        if len(_TEMPLATES) >= 256:
+            _TEMPLATES.clear()
+        digest = _TEMPLATES[template] = hashlib.sha256(template.encode()).hexdigest()
+    return digest
 
 
 def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
@@ -89,7 +106,7 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
         split = split_time(stored[runtime]) if runtime in stored else None
         if split is not None:  # the template once (by its hash), the time in the row
             template, when = split
-            shared = hashlib.sha256(template.encode()).hexdigest()
+            shared = _template_hash(template)
             del stored[runtime]
             stored[shared] = template
             row["texts"]["runtime"] = shared

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
@@ -116,11 +117,22 @@ def _batch_in_transaction(conn: sqlite3.Connection, batch: list[_Queued], *,
 _BUSY = ("database is locked", "database is busy", "database table is locked")
 """Another connection (another process: ``parley chat``, ``parley db vacuum``) holds the lock."""
 
-GATHER_TURNS = 4
-"""Passes of the event loop a busy group commit waits for more writes (``Database._write``)."""
+GATHER_PASSES = 64
+"""At most this many passes of the event loop a busy group commit waits for more writes
+(``Database._flush``) ..."""
+GATHER_SECONDS = 0.002
+"""... for at most this long ..."""
+GATHER_WRITES = 128
+"""... or until this many writes wait."""
+BUSY_PASS = 0.00002
+"""A pass of the loop shorter than this that brought no write: nothing else is running, and
+the batch goes now (so a gateway that is not busy never waits, nor spins)."""
 
 CHECKPOINT_EVERY = 256
 """In-loop commits between two checkpoints of the write-ahead log (on the database thread)."""
+
+_clock = time.perf_counter
+"""What the gathering measures passes with (a test's fake clock replaces it)."""
 
 
 def _now_connection(path: Path) -> sqlite3.Connection:
@@ -159,7 +171,7 @@ class Database:
     """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""
     _last_batch = 0
     """Writes in the last group commit (``_flush``): more than one, and the next gathers."""
-    _gather_turns = GATHER_TURNS
+    _gather_passes = GATHER_PASSES
     """0 on PostgreSQL (``store_pg``): its batches fill while the last one's round trip runs
     on the store's thread; gathering there measured +0.2 to +0.6 % instructions a turn."""
 
@@ -321,9 +333,14 @@ class Database:
         committed write must be followed by: a reply sent in it shown, ``TurnSend``).
 
         On SQLite, when the last batch held more than one write (turns running side by
-        side), the next waits up to ``GATHER_TURNS`` passes of the event loop while writes
-        keep coming: at 100 chats that halves the COMMITs (1,347 → 696 for 1,000 turns) and
-        the pages written to the log with them; one chat alone never waits."""
+        side), the next waits for more while the loop is busy: pass after pass of the event
+        loop, until a pass that ran nothing else (under ``BUSY_PASS``) brought no write, or
+        ``GATHER_SECONDS`` passed, or ``GATHER_WRITES`` wait. Each COMMIT writes every page
+        its batch changed to the log (~3.7 µs a page, ~15 pages a turn alone), and the turns
+        of one batch share their tables' last pages: at 100 chats 0.44 → 0.26 COMMITs a turn
+        and 164 → 139 µs of SQLite a turn (bench/RESULTS.md, round sixteen; stopping at the
+        first pass that brought nothing, as before, left batches at two turns). One chat
+        alone never waits; a gateway that is not busy does not wait long, nor spin."""
         loop = asyncio.get_running_loop()
         entry = _Queued(fn, loop.create_future(), slow, then=then)
         self._queued.append(entry)
@@ -335,10 +352,15 @@ class Database:
         if self._last_batch > 1:  # busy: let the turns that are running queue theirs too
             queued = -1
             try:
-                for _ in range(self._gather_turns):
-                    if len(self._queued) == queued:
-                        break  # nothing more came in one pass of the loop
-                    queued = len(self._queued)
+                clock = _clock
+                started = last = clock()
+                for _ in range(self._gather_passes):
+                    now = clock()
+                    if (len(self._queued) == queued and now - last < BUSY_PASS) \
+                            or now - started > GATHER_SECONDS \
+                            or len(self._queued) >= GATHER_WRITES:
+                        break  # idle, long enough, or enough
+                    queued, last = len(self._queued), now
                     await asyncio.sleep(0)
             except BaseException:  # the gateway stopping: nothing queued is left waiting
                 waiting, self._queued = self._queued, []

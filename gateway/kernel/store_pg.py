@@ -197,7 +197,7 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
     claim rounds, which spread them."""
     trigram = False
     search_mode = "like"
-    _gather_turns = 0  # Database._flush: no gathering here (see there)
+    _gather_passes = 0  # Database._flush: no gathering here (see there)
 
     def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:  # noqa: D107
         self._conn = conn

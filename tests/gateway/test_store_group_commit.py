@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.kernel import store_db
 from gateway.kernel.store import Store
 from gateway.kernel.store_db import StoreUnavailable
 
@@ -68,9 +69,9 @@ async def staggered(store: Store, xs: list[int]) -> list[object]:
 
 async def test_a_busy_store_gathers_writes_over_a_few_passes_of_the_loop(
         store: Store) -> None:
-    """After a batch of several writes, the next batch waits while writes keep coming (up to
-    GATHER_TURNS passes of the loop), so turns running side by side share COMMITs; a store
-    whose batches hold one write each (one chat alone) never waits."""
+    """After a batch of several writes, the next batch waits while writes keep coming (pass
+    after pass of the loop), so turns running side by side share COMMITs; a store whose
+    batches hold one write each (one chat alone) never waits."""
     assert store._now is not None
     statements: list[str] = []
     store._now.set_trace_callback(statements.append)
@@ -83,6 +84,41 @@ async def test_a_busy_store_gathers_writes_over_a_few_passes_of_the_loop(
     rows = await store.fetchall("SELECT x FROM t ORDER BY x")
     assert [r[0] for r in rows] == list(range(1, 9))
 
+
+
+async def test_a_busy_loop_keeps_gathering_until_a_pass_runs_nothing(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass of the loop that ran other work (the turns in flight) but brought no write does
+    not end the gathering: the write a later pass brings shares the COMMIT. A pass that ran
+    nothing ends it, and so does ``GATHER_SECONDS`` (a fake clock: each busy pass moves it)."""
+    assert store._now is not None
+    now = [0.0]
+    monkeypatch.setattr(store_db, "_clock", lambda: now[0])
+    statements: list[str] = []
+    store._now.set_trace_callback(statements.append)
+
+    async def busy_passes(n: int, each: float) -> None:
+        for _ in range(n):
+            now[0] += each  # the other callbacks of this pass took ``each`` seconds
+            await asyncio.sleep(0)
+
+    assert await asyncio.gather(store.write(insert(1)), store.write(insert(2))) == [1, 2]
+    statements.clear()
+    first = asyncio.ensure_future(store.write(insert(3)))
+    await busy_passes(3, store_db.GATHER_SECONDS / 8)
+    now[0] += store_db.GATHER_SECONDS / 8  # and this pass (busy too) makes another write
+    second = asyncio.ensure_future(store.write(insert(4)))
+    assert await asyncio.gather(first, second) == [3, 4]
+    assert statements.count("COMMIT") == 1  # gathered across the busy passes
+
+    statements.clear()
+    first = asyncio.ensure_future(store.write(insert(5)))
+    await busy_passes(2, store_db.GATHER_SECONDS)  # busy for longer than the gathering waits
+    second = asyncio.ensure_future(store.write(insert(6)))
+    assert await asyncio.gather(first, second) == [5, 6]
+    assert statements.count("COMMIT") == 2  # the first went when its time was up
+    rows = await store.fetchall("SELECT x FROM t ORDER BY x")
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6]
 
 async def test_writes_gathering_when_the_gateway_stops_are_told_so(store: Store) -> None:
     await asyncio.gather(store.write(insert(1)), store.write(insert(2)))  # busy from now on
