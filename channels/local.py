@@ -82,7 +82,6 @@ MAX_IDEMPOTENCY_KEYS = 5000
 ANSWER_KINDS = frozenset({"reply", "error", "notice"})
 
 
-
 class _Poll:
     """A long poll's wake-up: a future that a reply (``_wake``), the channel stopping, or the
     poll's deadline settles. Lighter than an ``asyncio.Event`` under ``asyncio.timeout`` (two

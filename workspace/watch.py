@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import select
 import struct
 import sys
 from pathlib import Path
@@ -52,6 +53,11 @@ class Watch:
     def __init__(self, libc: ctypes.CDLL, fd: int) -> None:
         self._libc = libc
         self._fd: int | None = fd
+        self._queued = select.poll()
+        """Asked first whether the kernel queued anything: a look that finds nothing (most
+        of them) costs one ``poll``, not a ``read`` failing with EAGAIN and the exception it
+        raises in Python (five looks a turn)."""
+        self._queued.register(fd, select.POLLIN)
         self._watched: dict[str, int] = {}
         self._by_wd: dict[int, str] = {}
         self.generation = 0
@@ -83,6 +89,8 @@ class Watch:
         """The generation, after reading what the kernel queued since the last look."""
         if self._fd is None:
             self.generation += 1  # closed: never say "unchanged"
+            return self.generation
+        if not self._queued.poll(0):
             return self.generation
         changed = False
         while True:
