@@ -80,6 +80,9 @@ class HistoryRows(list[StoredMessage]):
 class _Held:
     start: int
     rows: HistoryRows
+    version: int | None = None
+    """The database's version (``Store.turn_version``) as of which these are all the rows
+    there are; None: read what came since, next time."""
 
     @property
     def tokens(self) -> int:
@@ -96,13 +99,20 @@ class HistoryCache:
         self.limit = limit
         self._held: OrderedDict[int, _Held] = OrderedDict()
         self._tokens = 0
+        store.tell_messages_written(self._written)
 
     async def history(self, session_id: int,
                       compaction: Compaction | None) -> tuple[HistoryRows, bool]:
         """Messages since the last compaction, at most ``limit``; and whether there were
         more (then the session is due for compaction)."""
         start = compaction.first_kept_id if compaction else 0
+        version = self.store.turn_version(session_id)
         held = self._held.get(session_id)
+        if held is not None and held.start == start and version is not None \
+                and held.version == version:
+            # nobody else wrote since, and this process's own rows came with their turns
+            self._held.move_to_end(session_id)
+            return self._window(held.rows)
         rows = held.rows if held is not None else None
         if held is not None and held.start < start and held.rows and held.rows[0].id <= start:
             # a compaction moved the start on within what is held: those rows are kept, not
@@ -119,7 +129,15 @@ class HistoryCache:
             if new:  # carried forward: what came added, what left the window taken off
                 rows = rows.extended(new)
                 rows = rows.without(len(rows) - (self.limit + 1))
-        now = _Held(start, rows)
+        self._hold(session_id, _Held(start, rows, version), held)
+        return self._window(rows)
+
+    def _window(self, rows: HistoryRows) -> tuple[HistoryRows, bool]:
+        if len(rows) > self.limit:  # the oldest was read only to tell that there are more
+            return rows.without(1), True
+        return rows, False
+
+    def _hold(self, session_id: int, now: _Held, held: _Held | None) -> None:
         if held is not None:
             self._tokens -= held.tokens
         self._held[session_id] = now
@@ -128,6 +146,17 @@ class HistoryCache:
         while len(self._held) > 1 and (len(self._held) > SESSIONS_KEPT
                                        or self._tokens > TOKENS_KEPT):
             self._tokens -= self._held.popitem(last=False)[1].tokens
-        if len(rows) > self.limit:  # the oldest was read only to tell that there are more
-            return rows.without(1), True
-        return rows, False
+
+    def _written(self, session_id: int, rows: list[StoredMessage], version: int) -> None:
+        """A turn's messages, committed (``Store.tell_messages_written``) at ``version``:
+        added to the rows held when nothing else was written between them (the same version),
+        so the next turn reads nothing; otherwise the next turn reads what came since."""
+        held = self._held.get(session_id)
+        if held is None or held.version is None:
+            return
+        if held.version != version or not rows or (held.rows and rows[0].id <= held.rows[-1].id):
+            held.version = None
+            return
+        added = held.rows.extended(rows)
+        added = added.without(len(added) - (self.limit + 1))
+        self._hold(session_id, _Held(held.start, added, version), held)

@@ -152,6 +152,12 @@ class SessionTables(LayerTexts):
 
     _held_now: tuple[int, dict[str, int], dict[int, Compaction | None]] | None = None
     """(the version they hold at, session ids by key, latest compactions by session id)."""
+    _written_to: tuple[Callable[[int, list[StoredMessage], int], None], ...] = ()
+    """Told a turn's messages (session, rows, the version they were written at) once they
+    committed on the loop's connection: the history cache adds them unread when nothing else
+    was written since its rows (the same version; ``agent/history.py``)."""
+    _turn_versions: dict[int, int] | None = None
+    """Session id → the version its turn's ``turn_start`` read (``turn_version``)."""
 
     def _held(self) -> tuple[dict[str, int], dict[int, Compaction | None]] | None:
         """The session ids and latest compactions read before, while they still hold: on
@@ -177,10 +183,25 @@ class SessionTables(LayerTexts):
         session_id = ids.get(key)
         if session_id is None:
             session_id = ids[key] = (await self.active_session(key)).id
+        if held is not None and self._held_now is not None:
+            versions = self._turn_versions
+            if versions is None or len(versions) >= HELD_SESSIONS:
+                versions = self._turn_versions = {}
+            versions[session_id] = self._held_now[0]
         if session_id in compactions:
             return session_id, compactions[session_id]
         latest = compactions[session_id] = await self.compaction(session_id)
         return session_id, latest
+
+    def turn_version(self, session_id: int) -> int | None:
+        """The version the session's turn started at (``turn_start``), once; or None."""
+        versions = self._turn_versions
+        return versions.pop(session_id, None) if versions else None
+
+    def tell_messages_written(self, listener: Callable[[int, list[StoredMessage], int], None]
+                              ) -> None:
+        """``listener`` is told each turn's messages once committed (``_written_to``)."""
+        self._written_to = (*self._written_to, listener)
 
     # sessions -----------------------------------------------------------------------------
 
@@ -378,19 +399,24 @@ class SessionTables(LayerTexts):
         text_rows, asked = self._new_texts(texts, now)
         trigram = self.trigram
 
-        def write(db: sqlite3.Connection) -> None:
+        def write(db: sqlite3.Connection) -> tuple[list[int], int] | None:
             db.executemany(MARK_DONE, done_rows)
             if outbox_rows:
                 db.executemany(INSERT_OUTBOX, outbox_rows)
             if sent is not None:
                 db.executemany(INSERT_DELIVERED, delivered_rows)
                 sent.run(db)
-            if index is None or trigram:  # FTS5: indexed in batches (store_search)
-                db.executemany(INSERT_MESSAGE, message_rows)
-            else:
+            mine = bool(told) and db is self._now  # told, with this connection's version
+            written = None
+            if mine or (index is not None and not trigram):  # FTS5: indexed in batches
+                version = int(db.execute("PRAGMA data_version").fetchone()[0]) if mine else 0
                 ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
-                db.executemany(*index_statements(
-                    list(zip(ids, [m.body for m in messages], strict=True)), *index, trigram))
+                written = (ids, version) if mine else None
+                if index is not None and not trigram:
+                    db.executemany(*index_statements(list(zip(
+                        ids, [m.body for m in messages], strict=True)), *index, trigram))
+            else:
+                db.executemany(INSERT_MESSAGE, message_rows)
             db.execute(UPSERT_TURN, (turn_id, session_id, inbound_id, status, error,
                                      iso(started_at), now, *(index or (None, None))))
             db.executemany(INSERT_CALL, call_rows)
@@ -404,8 +430,20 @@ class SessionTables(LayerTexts):
                 "UPDATE sessions SET message_count = message_count + ?, updated_at = ?, "
                 "last_context_tokens = COALESCE(?, last_context_tokens) WHERE id = ?",
                 (len(messages), now, total, session_id))
+            return written
 
-        await self._write(write, then=None if sent is None else lambda _: sent.done())
+        def committed(written: tuple[list[int], int] | None) -> None:
+            if written is not None and told:
+                ids, version = written
+                rows = [StoredMessage(i, turn_id, row[2], load_json(row[3]), row[4])
+                        for i, row in zip(ids, message_rows, strict=True)]
+                for listener in told:
+                    listener(session_id, rows, version)
+            if sent is not None:
+                sent.done()
+
+        told = self._written_to if self.dialect == "sqlite" else ()
+        await self._write(write, then=committed)
         self._wrote_texts(text_rows, asked)
         if index is not None and trigram:
             self.wrote_unindexed(len(message_rows))

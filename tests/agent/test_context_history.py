@@ -354,3 +354,54 @@ def test_the_carried_figures_build_the_same_context(tmp_path: Path, counter: Tok
     else:
         assert two.snapshot["trimmed"]
     assert carried.bodies == [m.body for m in rows]  # the carried figures are not changed
+
+
+async def test_the_history_cache_takes_a_turns_own_rows_without_reading_them(
+        tmp_path: Path) -> None:
+    """A turn's messages, once its write committed on the loop's connection, join the rows
+    held: the next turn (``turn_start`` saw no other connection's write since) reads nothing
+    and gets what a fresh read gives, window limit included. A write by another connection
+    (``parley chat`` beside the gateway) moves the version: the next turn reads what came."""
+    import json
+    import sqlite3
+
+    from agent.history import HistoryCache
+    from gateway.kernel.store import Store
+    from gateway.kernel.store_sessions import NewMessage
+
+    store = await Store.open(tmp_path / "parley.db")
+    assert store._now is not None
+    statements: list[str] = []
+    store._now.set_trace_callback(statements.append)
+    try:
+        cache = HistoryCache(store, limit=5)
+
+        async def turn(n: int) -> tuple[int, list[StoredMessage], bool, list[str]]:
+            session, compaction = await store.turn_start("local:c1")
+            statements.clear()
+            rows, more = await cache.history(session, compaction)
+            reads = [s for s in statements if "FROM messages" in s]
+            fresh, fresh_more = await HistoryCache(store, limit=5).history(session, compaction)
+            assert [(m.id, m.body) for m in rows] == [(m.id, m.body) for m in fresh]
+            assert more == fresh_more
+            await store.save_turn(session_id=session, turn_id=f"t{n}", inbound_id=None,
+                                  messages=[NewMessage(b, 5 + n) for b in chat_turn(n)])
+            return session, rows, more, reads
+
+        for n in range(8):
+            session, rows, more, reads = await turn(n)
+            assert bool(reads) == (n < 2)  # the session's making moved the version once
+            assert len(rows) == min(5, 2 * n) and more == (2 * n > 5)
+            assert_carried(rows)
+        other = sqlite3.connect(tmp_path / "parley.db")
+        other.execute("INSERT INTO messages (session_id, turn_id, role, body, tokens, "
+                      "created_at) VALUES (?, 'elsewhere', 'user', ?, 3, '2026-11-28')",
+                      (session, json.dumps({"role": "user", "content": "from elsewhere"})))
+        other.commit()
+        other.close()
+        session, rows, _, reads = await turn(8)
+        assert reads and rows[-1].body == {"role": "user", "content": "from elsewhere"}
+        session, rows, _, reads = await turn(9)
+        assert not reads and [m.turn_id for m in rows][-3:] == ["elsewhere", "t8", "t8"]
+    finally:
+        await store.close()
