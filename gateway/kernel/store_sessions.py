@@ -433,14 +433,14 @@ class SessionTables(LayerTexts):
             return written
 
         def committed(written: tuple[list[int], int] | None) -> None:
+            if sent is not None:  # first: a reply stored is shown, whatever follows
+                sent.done()
             if written is not None and told:
                 ids, version = written
                 rows = [StoredMessage(i, turn_id, row[2], load_json(row[3]), row[4])
                         for i, row in zip(ids, message_rows, strict=True)]
                 for listener in told:
                     listener(session_id, rows, version)
-            if sent is not None:
-                sent.done()
 
         told = self._written_to if self.dialect == "sqlite" else ()
         await self._write(write, then=committed)
