@@ -2,9 +2,11 @@
 
 Messages are only ever appended (ids rise), so after the first turn of a session only the rows
 written since are read and parsed; the cache holds the messages since the last compaction (at
-most ``max_recent_messages``) of the most recently used sessions. Another process writing to
-the same database (``parley chat`` beside the gateway) is seen too: the next read starts after
-the last id held, whoever wrote the rows.
+most ``max_recent_messages``) of the most recently used sessions. A turn's own messages join it
+once their write committed (``_written``), and while no other connection wrote since (the
+version ``turn_start`` read, SQLite's ``PRAGMA data_version``) the next turn reads nothing.
+Another process writing to the same database (``parley chat`` beside the gateway) moves that
+version: the next read starts after the last id held, whoever wrote the rows.
 
 What the context builder needs of the whole window every turn (the bodies in order, their
 tokens in all, where the tool results are) is kept beside the rows and carried forward with

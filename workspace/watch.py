@@ -1,8 +1,9 @@
 """Whether anything in some folders changed since the last look, without a ``stat`` per file
-per turn (issue 24): Linux's inotify, read without waiting — one ``read`` that finds nothing
-when nothing changed. An event is queued by the kernel as the change is made, so a look after
-the change always sees it (no delay, no thread). Elsewhere, or past inotify's limits, there is
-no watcher (``Watch.open`` returns None) and callers ``stat`` as before.
+per turn (issue 24): Linux's inotify, asked without waiting — one ``poll`` that finds nothing
+when nothing changed, a ``read`` of the events when something did. An event is queued by the
+kernel as the change is made, so a look after the change always sees it (no delay, no
+thread). Elsewhere, or past inotify's limits, there is no watcher (``Watch.open`` returns
+None) and callers ``stat`` as before.
 
 Callers keep what they computed together with the ``generation`` read *before* they added
 their folders (``cover``) and looked at the files: a change after that bumps the generation,
