@@ -130,6 +130,10 @@ the batch goes now (so a gateway that is not busy never waits, nor spins)."""
 
 CHECKPOINT_EVERY = 256
 """In-loop commits between two checkpoints of the write-ahead log (on the database thread)."""
+LOG_LIMIT_BYTES = 64 * 1024 * 1024
+"""``journal_size_limit``: a write-ahead log that grew past this (a burst of writes, or a long
+read that kept it from starting over) is cut back to it when it next starts over. Under it,
+the log's blocks are written over in place: 256 commits of 100 chats fill ~40 MiB."""
 
 _clock = time.perf_counter
 """What the gathering measures passes with (a test's fake clock replaces it)."""
@@ -142,7 +146,8 @@ def _now_connection(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         for pragma in ("busy_timeout=0", "synchronous=NORMAL", "foreign_keys=ON",
-                       "cache_size=-1024", "wal_autocheckpoint=0"):
+                       "cache_size=-1024", "wal_autocheckpoint=0",
+                       f"journal_size_limit={LOG_LIMIT_BYTES}"):
             conn.execute(f"PRAGMA {pragma}")
     except BaseException:
         conn.close()
@@ -207,6 +212,7 @@ class Database:
             # the thread's connection now does the rarer work (the loop's does point reads and
             # the group commits): 1 MiB of page cache, not SQLite's default 2
             await db.execute("PRAGMA cache_size=-1024")
+            await db.execute(f"PRAGMA journal_size_limit={LOG_LIMIT_BYTES}")
             await db.executescript(SCHEMA)
             await upgrade_sqlite(db)
             await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -262,6 +268,8 @@ class Database:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._checkpoint is not None:  # before the lock: its second pass takes it
+                await asyncio.gather(self._checkpoint, return_exceptions=True)
             async with self._write_lock:
                 if self._checkpoint is not None:
                     await asyncio.gather(self._checkpoint, return_exceptions=True)
@@ -446,9 +454,23 @@ class Database:
 
     async def _checkpoint_log(self) -> None:
         """Copy the write-ahead log into the database file, on the database thread (the
-        in-loop connection never does: it would sync the file on the loop)."""
+        in-loop connection never does: it would sync the file on the loop).
+
+        The first pass runs beside the loop's writes; what they committed meanwhile is copied
+        by a second pass that holds the next batch back (the write lock; a pass with little
+        to copy takes the two syncs, ~3 ms), so that the log then holds nothing the file
+        lacks and the next write starts it over from its beginning. With the first pass
+        alone a busy gateway's log never started over — each pass ended behind the commits
+        made while it ran — and grew by every turn's pages for as long as the load lasted:
+        171 MB after 45,000 turns at 100 chats, each new block of it zeroed by the kernel
+        before SQLite wrote it (bench/RESULTS.md, round seventeen)."""
         with suppress(sqlite3.Error, ValueError):  # busy, or the connection closing
-            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            await self._db.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+            if self._closed:  # close() holds the lock and waits for this
+                return
+            async with self._write_lock:
+                if not self._closed:
+                    await self._db.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:

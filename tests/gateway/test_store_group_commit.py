@@ -218,3 +218,52 @@ async def test_a_long_write_runs_on_the_database_thread(store: Store) -> None:
     assert await store.write(insert(41)) == 41
     assert [s for s in on_thread if "INSERT" in s] == ["INSERT INTO t (x) VALUES (40)"]
     assert [s for s in on_loop if "INSERT" in s] == ["INSERT INTO t (x) VALUES (41)"]
+
+
+async def test_the_log_starts_over_though_a_write_landed_while_it_was_copied(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy gateway commits while the database thread copies the log. A second pass, with
+    the writes held back, copies those commits too, so the next write starts the log over:
+    with one pass the log never started over under steady load, and grew without end."""
+    monkeypatch.setattr(store_db, "CHECKPOINT_EVERY", 10**9)  # the test runs it itself
+    if store._checkpoint is not None:  # opening the store wrote too
+        await store._checkpoint
+    for x in range(1, 31):
+        await store.write(insert(x))
+    assert store._now is not None
+    async with store._write_lock:  # a batch on the loop's connection, committed ...
+        store._now.execute("BEGIN IMMEDIATE")
+        store._now.execute("INSERT INTO t (x) VALUES (31)")
+        checkpoint = asyncio.ensure_future(store._checkpoint_log())
+        await asyncio.sleep(0)  # (its first pass queued on the database thread)
+        await store._db.execute_fetchall("SELECT 1")  # ... once the first pass is done
+        store._now.execute("COMMIT")
+    await checkpoint
+    await store.write(insert(32))
+    log_frames = (await store._db.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))[0][1]
+    assert 0 < log_frames <= 3  # the last write's pages alone: the log started over
+    assert [r[0] for r in await store.fetchall("SELECT x FROM t")] == list(range(1, 33))
+
+
+async def test_a_log_grown_past_its_limit_is_cut_back_when_it_starts_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_db, "LOG_LIMIT_BYTES", 64 * 1024)
+    monkeypatch.setattr(store_db, "CHECKPOINT_EVERY", 10**9)
+    store = await Store.open(tmp_path / "parley.db")
+    try:
+        await store.ensure_schema("CREATE TABLE IF NOT EXISTS p (x INTEGER PRIMARY KEY, "
+                                  "pad TEXT)")
+        if store._checkpoint is not None:
+            await store._checkpoint
+        for x in range(100):  # a burst: ~100 pages in the log
+            await store.write(lambda c, x=x: c.execute("INSERT INTO p VALUES (?, ?)",
+                                                       (x, "p" * 3000)))
+        log = tmp_path / "parley.db-wal"
+        assert log.stat().st_size > 300 * 1024
+        await store._checkpoint_log()
+        await store.write(lambda c: c.execute("INSERT INTO p VALUES (100, 'last')"))
+        assert log.stat().st_size <= 64 * 1024
+        rows = await store.fetchall("SELECT count(*) FROM p")
+        assert rows[0][0] == 101
+    finally:
+        await store.close()
