@@ -185,6 +185,10 @@ def checks(r: dict[str, Any]) -> list[Check]:
         f"({_get(r, 'throughput.skeleton.turns_per_s')} turns/s; the gateway's is "
         f"{cpu100 / skeleton if cpu100 and skeleton else 0:.1f}× it)", skeleton, "{:.2f} ms",
         "", None)
+    wal = _get(r, "throughput.100.wal_bytes_after")
+    add("3", "the write-ahead log's file after the runs (it starts over at each checkpoint; "
+        "every turn's pages before round seventeen)", wal / 1e6 if wal is not None else None,
+        "{:.1f} MB", "", None)
     add("3", "throughput, 100 chats × 1,000 sessions (item 5's run)",
         _get(r, "memory.load.turns_per_s"), "{:.1f} turns/s", "", None)
     failed = sum(int(_get(r, f"throughput.{c}.turns_failed") or 0)

@@ -210,6 +210,9 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 results["throughput"][str(chats)] = await concurrent_chats(
                     client, gateway, server, chats=chats, seconds=sizes.load_seconds,
                     tag=f"load{chats}")
+                wal = gateway.root / "data" / "parley.db-wal"  # bounded: it starts over
+                results["throughput"][str(chats)]["wal_bytes_after"] = \
+                    wal.stat().st_size if wal.exists() else 0
             _say("3: the same 100 chats on bench/skeleton.py (the gateway's I/O, nothing else)")
             results["throughput"]["skeleton"] = await skeleton_chats(root, server, sizes)
             if profile:
