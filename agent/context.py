@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
 from agent.fingerprint import context_hash, digests_hash, message_digest
 from agent.history import HistoryRows
+from agent.llm_types import EncodedSpan
 from agent.snapshots import text_hash
 from agent.system_prompt import (
     BUILTIN_SKILLS,
@@ -88,6 +89,8 @@ class BuiltContext:
     """Tools offered in full from the start beyond the core ones (used lately)."""
     history_total: int = 0
     """Tokens of all the history read (before whole turns were dropped to fit)."""
+    encoded: EncodedSpan | None = None
+    """The kept history as the request body writes it, when the history carried it."""
 
 
 def history_groups(history: list[StoredMessage]) -> list[list[StoredMessage]]:
@@ -236,9 +239,11 @@ class ContextBuilder:
     # assembly -----------------------------------------------------------------------------
 
     def _fit_history(self, history: list[StoredMessage], available: int, trimmed: list[str]
-                     ) -> tuple[list[dict[str, Any]], int, int, int, list[bytes] | None]:
+                     ) -> tuple[list[dict[str, Any]], int, int, int, list[bytes] | None,
+                                bytes | None]:
         """(messages kept, their tokens, whole turns dropped to fit ``available``, the
-        tokens of all of them, the kept messages' digests when ``history`` carries them).
+        tokens of all of them, the kept messages' digests when ``history`` carries them,
+        and their JSON when it carries that and none of them was shortened).
         Turns start at a user message (``history_groups``). It runs every turn over up to
         ``max_recent_messages``: from what ``HistoryRows`` carries (a look at the tool
         results alone) when nothing is to be shortened or left out; the whole window, and
@@ -274,20 +279,24 @@ class ContextBuilder:
         everything = total
         dropped = 0
         kept = bodies
+        first_kept = 0
         if total > available:  # whole turns, oldest first, each from its user message
             starts = [i for i, m in enumerate(rest) if m.role == "user"]
             ends = [*starts[1:], len(counts)]
             while dropped < len(starts) and total > available:
                 total -= sum(counts[starts[dropped]:ends[dropped]])
                 dropped += 1
-            kept = bodies[starts[dropped]:] if dropped < len(starts) else []
+            first_kept = starts[dropped] if dropped < len(starts) else len(rest)
+            kept = bodies[first_kept:]
             if digests is not None:
-                digests = digests[starts[dropped]:] if dropped < len(starts) else []
+                digests = digests[first_kept:]
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
         self._kept_cap = cap
-        return kept, total, dropped, everything, digests
+        raw = history.raw_from(first_kept) if isinstance(history, HistoryRows) and not first \
+            and kept and all(i < first_kept for i in long) else None
+        return kept, total, dropped, everything, digests, raw
 
     def shorten_tool(self, body: dict[str, Any], cap: int) -> tuple[dict[str, Any], int]:
         tokens = self.counter.encoding.encode_ordinary(str(body.get("content") or ""))
@@ -348,10 +357,11 @@ class ContextBuilder:
         available = (self.max_context_tokens - reserve - system.tokens - tools_tokens
                      - summary_tokens - runtime_tokens - user_tokens)
         trimmed: list[str] = []
-        kept, history_tokens, dropped, everything, kept_digests = self._fit_history(
-            history, max(available, 0), trimmed)
+        kept, history_tokens, dropped, everything, kept_digests, kept_raw = \
+            self._fit_history(history, max(available, 0), trimmed)
         system_message = {"role": "system", "content": system.text}
         messages = [system_message, *summary, *kept, runtime, user]
+        encoded = EncodedSpan(1 + len(summary), len(kept), kept_raw) if kept_raw else None
         if kept_digests is None:
             kept_digests = [message_digest(m) for m in kept]
         digests = [self._system_digest(system_message), *map(message_digest, summary),
@@ -394,7 +404,7 @@ class ContextBuilder:
         return BuiltContext(messages=messages, user_message=stored, texts=texts,
                             user_tokens=self.counter.count_message(stored), snapshot=snapshot,
                             dropped_turns=dropped, history_room=max(available, 0),
-                            history_total=everything)
+                            history_total=everything, encoded=encoded)
 
 
 def _sent_as_image(media: Media) -> bool:

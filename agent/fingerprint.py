@@ -33,6 +33,17 @@ FORM3 = "3:"
 _SORTED = orjson.OPT_SORT_KEYS
 
 
+def message_json(message: dict[str, Any]) -> bytes:
+    """A message as its form-3 digest hashes it (sorted keys, compact): also what the
+    request body says of it, for the history the turns carry (``agent/history.py``)."""
+    return orjson.dumps(message, option=_SORTED)
+
+
+def json_digest(encoded: bytes) -> bytes:
+    """The ``message_digest`` of the message ``encoded`` is the ``message_json`` of."""
+    return hashlib.sha256(encoded).digest()
+
+
 def message_digest(message: dict[str, Any]) -> bytes:
     """One message's part of a form-3 fingerprint."""
     return hashlib.sha256(orjson.dumps(message, option=_SORTED)).digest()

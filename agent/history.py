@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from agent.fingerprint import message_digest
+from agent.fingerprint import json_digest, message_json
 from gateway.kernel.store import Compaction, Store, StoredMessage
 
 SESSIONS_KEPT = 128
@@ -37,37 +37,54 @@ TOKENS_KEPT = 2_000_000
 class HistoryRows(list[StoredMessage]):
     """The rows a session's turn reads (a list, oldest first), with what the context builder
     would otherwise work out from all of them: ``bodies`` (each row's ``body``, in order),
-    ``tokens`` (their sum), ``tools`` (the positions of the tool results) and ``digests``
-    (each body's part of the context's fingerprint, ``agent/fingerprint``). Made here, from
-    rows whose figures were carried forward; never changed once made."""
+    ``tokens`` (their sum), ``tools`` (the positions of the tool results), ``digests``
+    (each body's part of the context's fingerprint, ``agent/fingerprint``) and ``raw``:
+    the bodies as that fingerprint writes them (``message_json``), joined by commas — what a
+    request body says of them, copied from here where writing them again walked every
+    message of the window, every turn (bench/RESULTS.md, round seventeen). ``starts``: where
+    each body begins, counted from the first body ever joined (``raw`` starts at
+    ``starts[0]``: cutting rows off the front moves no offset). Made here, from rows whose
+    figures were carried forward; never changed once made."""
 
-    __slots__ = ("bodies", "digests", "tokens", "tools")
+    __slots__ = ("bodies", "digests", "raw", "starts", "tokens", "tools")
 
     def __init__(self, rows: Iterable[StoredMessage], bodies: list[dict[str, Any]],
-                 tokens: int, tools: list[int], digests: list[bytes]) -> None:
+                 tokens: int, tools: list[int], digests: list[bytes], raw: bytes = b"",
+                 starts: list[int] | None = None) -> None:
         super().__init__(rows)
         self.bodies = bodies
         self.tokens = tokens
         self.tools = tools
         self.digests = digests
+        self.raw = raw
+        self.starts = starts if starts is not None else []
 
     @classmethod
     def of(cls, rows: list[StoredMessage]) -> HistoryRows:
         """The figures worked out from ``rows`` alone."""
         bodies = [m.body for m in rows]
+        encoded = [message_json(b) for b in bodies]
         return cls(rows, bodies, sum(m.tokens for m in rows),
                    [i for i, m in enumerate(rows) if m.role == "tool"],
-                   [message_digest(b) for b in bodies])
+                   [json_digest(e) for e in encoded], b",".join(encoded),
+                   list(_starts(encoded, 0)))
 
     def extended(self, new: list[StoredMessage]) -> HistoryRows:
         """These rows and then ``new``: only the new rows' figures worked out (each list
         copied once: this runs every turn, over the whole window)."""
+        if not new:
+            return self
         bodies = [m.body for m in new]
+        encoded = [message_json(b) for b in bodies]
         n = len(self)
+        joined = b",".join(encoded)
+        at = self.starts[0] + len(self.raw) + 1 if n else 0
         return HistoryRows(chain(self, new), self.bodies + bodies,
                            self.tokens + sum(m.tokens for m in new),
                            self.tools + [n + i for i, m in enumerate(new) if m.role == "tool"],
-                           self.digests + [message_digest(b) for b in bodies])
+                           self.digests + [json_digest(e) for e in encoded],
+                           self.raw + b"," + joined if n else joined,
+                           self.starts + list(_starts(encoded, at)))
 
     def without(self, cut: int) -> HistoryRows:
         """The rows from ``cut`` on (these same rows when ``cut`` ≤ 0)."""
@@ -75,7 +92,19 @@ class HistoryRows(list[StoredMessage]):
             return self
         return HistoryRows(self[cut:], self.bodies[cut:],
                            self.tokens - sum(m.tokens for m in self[:cut]),
-                           [i - cut for i in self.tools if i >= cut], self.digests[cut:])
+                           [i - cut for i in self.tools if i >= cut], self.digests[cut:],
+                           self.raw[self.starts[cut] - self.starts[0]:] if cut < len(self)
+                           else b"", self.starts[cut:])
+
+    def raw_from(self, i: int) -> bytes:
+        """``raw`` of the rows from ``i`` on."""
+        return self.raw[self.starts[i] - self.starts[0]:] if i < len(self) else b""
+
+
+def _starts(encoded: list[bytes], at: int) -> Iterable[int]:
+    for e in encoded:
+        yield at
+        at += len(e) + 1
 
 
 @dataclass(slots=True)

@@ -31,6 +31,19 @@ def without_reasoning(content: str | None) -> str | None:
 
 
 @frozen
+class EncodedSpan:
+    """Messages ``start`` to ``start + count`` of a request, already written as JSON (``raw``:
+    each one's ``message_json``, joined by commas): the history a session's turns carry
+    written once (``agent/history.HistoryRows``), so that a request body does not write it
+    again every turn (``agent/openai_http.encode_body``). Whoever replaces a message in that
+    span drops it (``Runner``)."""
+
+    start: int
+    count: int
+    raw: bytes
+
+
+@frozen
 class ToolCall:
     id: str
     name: str

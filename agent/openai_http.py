@@ -32,7 +32,13 @@ from agent.errors import (
     ProviderError,
     ProviderUnavailable,
 )
-from agent.llm_types import LLMResponse, StreamAssembler, ToolCall, without_reasoning
+from agent.llm_types import (
+    EncodedSpan,
+    LLMResponse,
+    StreamAssembler,
+    ToolCall,
+    without_reasoning,
+)
 from gateway.kernel.store_db import load_json
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -142,7 +148,8 @@ class OpenAIHTTP:
             await origin.aclose()
 
     async def complete(self, body: dict[str, Any], model: str,
-                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
+                       on_text: Callable[[str], None] | None = None,
+                       encoded: EncodedSpan | None = None) -> LLMResponse:
         """POST ``body`` (``model`` is the configured name, for errors and the answer).
 
         OpenAI's reasoning models refuse ``max_tokens`` and want ``max_completion_tokens``;
@@ -151,17 +158,18 @@ class OpenAIHTTP:
             body = {**body, "max_completion_tokens": body["max_tokens"]}
             del body["max_tokens"]
         try:
-            return await self._post(body, model, on_text)
+            return await self._post(body, model, on_text, encoded)
         except ProviderBadRequest as exc:
             if "max_completion_tokens" not in str(exc) or "max_tokens" not in body:
                 raise
         self._completion_tokens_models.add(body["model"])
-        return await self.complete(body, model, on_text)
+        return await self.complete(body, model, on_text, encoded)
 
     async def _post(self, body: dict[str, Any], model: str,
-                    on_text: Callable[[str], None] | None) -> LLMResponse:
+                    on_text: Callable[[str], None] | None,
+                    encoded: EncodedSpan | None = None) -> LLMResponse:
         started = time.perf_counter()
-        data = encode_body(body)
+        data = encode_body(body, encoded)
         try:
             async with self._open(data) as resp:
                 if resp.status >= 400:
@@ -401,11 +409,21 @@ def _status_error(status: int | None, raw: bytes, headers: Any, model: str) -> P
 
 # -- the request body --------------------------------------------------------------------------
 
-def encode_body(body: dict[str, Any]) -> bytes:
+def encode_body(body: dict[str, Any], encoded: EncodedSpan | None = None) -> bytes:
     """``body`` as compact UTF-8 JSON; orjson writes a long history in microseconds where
-    ``json`` took a millisecond (bench/)."""
+    ``json`` took a millisecond (bench/). ``encoded``: messages of ``body["messages"]``
+    already written (``EncodedSpan``), copied in as they are: writing them again walked every
+    message of the history, every turn, ~40 µs a turn at 200 messages in a busy gateway
+    where the bytes copy in a few (bench/RESULTS.md, round seventeen)."""
+    sent = body
+    messages = body.get("messages")
+    if encoded is not None and encoded.count and isinstance(messages, list) \
+            and len(messages) >= encoded.start + encoded.count:
+        end = encoded.start + encoded.count
+        sent = {**body, "messages": [*messages[:encoded.start], orjson.Fragment(encoded.raw),
+                                     *messages[end:]]}
     try:
-        return orjson.dumps(body)
+        return orjson.dumps(sent)
     except TypeError:  # what orjson will not write (a key that is not a string, a huge int)
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 

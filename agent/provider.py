@@ -29,7 +29,7 @@ from agent.errors import (
     ProviderNotConfigured,
     ProviderUnavailable,
 )
-from agent.llm_types import LLMResponse, ToolCall, collect_stream, from_response
+from agent.llm_types import EncodedSpan, LLMResponse, ToolCall, collect_stream, from_response
 from agent.model_health import ModelHealth, counted
 from agent.openai_http import OpenAIHTTP
 from gateway.kernel.backoff import BackoffPolicy
@@ -238,11 +238,13 @@ class Provider:
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None, *,
                        max_tokens: int | None = None, alias: str | None = None,
-                       deltas: TextDeltas | None = None) -> LLMResponse:
+                       deltas: TextDeltas | None = None,
+                       encoded: EncodedSpan | None = None) -> LLMResponse:
         """``max_tokens`` overrides ``agent.max_tokens`` for this call (summaries);
         ``alias`` picks a model of ``agent.models.aliases`` and its fallbacks; ``deltas``
         gets the answer's text as it is written (the call is streamed then, whatever
-        ``agent.stream`` says)."""
+        ``agent.stream`` says); ``encoded``: messages already written as JSON, for the
+        direct route's body."""
         chain = self.chains.get(alias, self.targets)
         problem = self.configuration_problem(alias)
         if problem:
@@ -253,7 +255,7 @@ class Provider:
                 continue
             try:
                 return await self._complete_with_retries(target, messages, tools, max_tokens,
-                                                         deltas)
+                                                         deltas, encoded)
             except (ProviderUnavailable, ProviderAuthError) as exc:
                 _log.warning("model %s failed after %d attempt(s): %s", target.model,
                              exc.attempts, exc)
@@ -264,14 +266,16 @@ class Provider:
     async def _complete_with_retries(self, target: Target, messages: list[dict[str, Any]],
                                      tools: list[dict[str, Any]] | None,
                                      max_tokens: int | None = None,
-                                     deltas: TextDeltas | None = None) -> LLMResponse:
+                                     deltas: TextDeltas | None = None,
+                                     encoded: EncodedSpan | None = None) -> LLMResponse:
         attempts = self.config.max_retries + 1
         model = target.model
         for attempt in range(1, attempts + 1):
             if deltas is not None:
                 deltas.restart()  # a retry (or the next model) writes the text again
             try:
-                response = await self._call(target, messages, tools, max_tokens, deltas)
+                response = await self._call(target, messages, tools, max_tokens, deltas,
+                                            encoded)
             except ProviderUnavailable as exc:
                 exc.attempts = attempt
                 if attempt == attempts:
@@ -322,9 +326,11 @@ class Provider:
     async def _call(self, target: Target, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None,
                     max_tokens: int | None = None,
-                    deltas: TextDeltas | None = None) -> LLMResponse:
+                    deltas: TextDeltas | None = None,
+                    encoded: EncodedSpan | None = None) -> LLMResponse:
         try:
-            return await self._call_unscrubbed(target, messages, tools, max_tokens, deltas)
+            return await self._call_unscrubbed(target, messages, tools, max_tokens, deltas,
+                                               encoded)
         except ProviderError as exc:
             # What a server says goes to the log and into the chat: some proxies quote the
             # key they refused, whole.
@@ -337,13 +343,14 @@ class Provider:
     async def _call_unscrubbed(self, target: Target, messages: list[dict[str, Any]],
                                tools: list[dict[str, Any]] | None,
                                max_tokens: int | None = None,
-                               deltas: TextDeltas | None = None) -> LLMResponse:
+                               deltas: TextDeltas | None = None,
+                               encoded: EncodedSpan | None = None) -> LLMResponse:
         model = target.model
         on_text = deltas.text if deltas is not None else None
         stream = deltas is not None
         if target.http is not None:
             body = self._body(model[len("openai/"):], messages, tools, max_tokens, stream)
-            return await target.http.complete(body, model, on_text)
+            return await target.http.complete(body, model, on_text, encoded)
         lib = _lib()
         started = time.perf_counter()
         try:

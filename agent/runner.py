@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.deltas import ThinkFilter
+from agent.llm_types import EncodedSpan
 from agent.provider import LLMResponse, Provider, ToolCall
 from agent.tools.base import ToolRegistry, ToolResult
 from agent.turn import TurnContext
@@ -191,9 +192,12 @@ class Runner:
         self.max_result_chars = max_result_chars
 
     async def run(self, *, messages: list[dict[str, Any]], ctx: TurnContext,
-                  hooks: RunHooks = NO_HOOKS, budget: TurnBudget | None = None) -> RunResult:
+                  hooks: RunHooks = NO_HOOKS, budget: TurnBudget | None = None,
+                  encoded: EncodedSpan | None = None) -> RunResult:
         """Run the loop from ``messages`` until the model answers without tools (or a limit
-        stops it). ``budget``: shorten old tool results to stay within the window."""
+        stops it). ``budget``: shorten old tool results to stay within the window.
+        ``encoded``: messages already written as JSON (``BuiltContext.encoded``), handed to
+        each model call until a message in that span is shortened."""
         result = RunResult(text="")
         convo = list(messages)
 
@@ -212,9 +216,11 @@ class Runner:
                 counted = len(convo)
                 if budget.used > budget.limit:
                     result.shortened += shorten_old_tool_results(convo, budget)
+                    if result.shortened:
+                        encoded = None  # it may have replaced a message of the span
             hooks.on_request(convo, tools)
             response = await self.provider.complete(convo, tools, alias=ctx.model,
-                                                    deltas=deltas)
+                                                    deltas=deltas, encoded=encoded)
             result.responses.append(response)
             hooks.on_response(response)
             add(response.assistant_message())

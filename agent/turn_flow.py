@@ -452,4 +452,5 @@ class TurnFlow:
 
     async def _run_once(self, turn: _Turn) -> RunResult:
         return await self.runner.run(messages=turn.built.messages, ctx=turn.ctx,
-                                     hooks=turn.hooks, budget=self.assembly.budget(turn.built))
+                                     hooks=turn.hooks, budget=self.assembly.budget(turn.built),
+                                     encoded=turn.built.encoded)

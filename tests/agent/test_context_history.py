@@ -281,6 +281,12 @@ def assert_carried(rows: list[StoredMessage]) -> None:
     assert rows.tokens == sum(m.tokens for m in rows)
     assert rows.tools == [i for i, m in enumerate(rows) if m.role == "tool"]
     assert rows.digests == [message_digest(m.body) for m in rows]
+    # the bodies as the request writes them, joined; and where each begins
+    from agent.fingerprint import message_json
+    encoded = [message_json(m.body) for m in rows]
+    assert rows.raw == b",".join(encoded)
+    assert [rows.raw_from(i) for i in range(len(rows) + 1)] == [
+        b",".join(encoded[i:]) for i in range(len(rows) + 1)]
 
 
 async def test_the_history_cache_carries_the_windows_figures_forward(tmp_path: Path) -> None:
@@ -347,6 +353,19 @@ def test_the_carried_figures_build_the_same_context(tmp_path: Path, counter: Tok
     one = builder.build(inbound=msg, history=rows, hints=HINTS)
     two = builder.build(inbound=msg, history=carried, hints=HINTS)
     assert one.messages == two.messages and one.snapshot == two.snapshot
+    # the history the body copies in as it was written: the same JSON, where it is carried
+    # whole (a shortened result, or a turn cut in half, is written anew)
+    import json
+
+    from agent.fingerprint import message_json
+    from agent.openai_http import encode_body
+    assert one.encoded is None
+    assert (two.encoded is not None) == (case in ("fits", "over budget"))
+    body = {"model": "m", "messages": two.messages, "max_tokens": 9}
+    assert json.loads(encode_body(body, two.encoded)) == body
+    if two.encoded is not None:  # all but the system prompt, the runtime block, the input
+        assert (two.encoded.start, two.encoded.count) == (1, len(two.messages) - 3)
+        assert two.encoded.raw == b",".join(message_json(m) for m in two.messages[1:-2])
     trimmed = {"fits": [], "orphan": ["dropped 3 message(s) of a turn cut by "
                                       "max_recent_messages"]}
     if case in trimmed:

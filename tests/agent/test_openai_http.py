@@ -370,6 +370,18 @@ def test_the_request_body_is_the_same_json_with_history_messages_serialised_once
                  {"model": "m", "messages": []}, {"model": "m", "input": "no messages"}):
         assert json.loads(encode_body(body)) == body
     assert b"\xc3\xa9" in encode_body({"messages": history})  # UTF-8, not \\u escapes
+    # the history as the turns carry it, written once: copied in where the span says
+    from agent.fingerprint import message_json
+    from agent.llm_types import EncodedSpan
+    span = EncodedSpan(1, 2, b",".join(message_json(m) for m in history))
+    messages = [{"role": "system", "content": "s"}, *history, {"role": "user", "content": "n"}]
+    body = {"model": "m", "messages": messages, "tools": tools}
+    sent = encode_body(body, span)
+    assert json.loads(sent) == body and span.raw in sent
+    for short in (EncodedSpan(1, 2, b'{"role":"user","content":"stale"}'),):
+        # a span the list no longer has room for is not used
+        assert json.loads(encode_body({"messages": messages[:2]}, short)) == {
+            "messages": messages[:2]}
 
 
 async def test_a_proxy_from_the_environment_is_used_unless_no_proxy(

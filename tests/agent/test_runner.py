@@ -131,3 +131,33 @@ def test_cut_result_keeps_head_and_tail() -> None:
     cut = cut_result(text, 1000)
     assert cut.startswith("HEAD") and cut.endswith("TAIL") and "cut" in cut
     assert cut_result("short", 1000) == "short"
+
+
+async def test_history_written_once_is_sent_as_is_until_a_message_of_it_is_shortened(
+        llm: ScriptedLLM, tmp_path: Path) -> None:
+    """The history the turns carry as JSON (``EncodedSpan``) is copied into the request; once
+    the loop shortens an old tool result inside it, the next request writes it anew."""
+    from agent.fingerprint import message_json
+    from agent.llm_types import EncodedSpan
+    from agent.runner import TurnBudget
+
+    history = [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "big", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c0", "name": "big", "content": "y" * 2000},
+        {"role": "assistant", "content": "read"}]
+    messages = [{"role": "system", "content": "s"}, *history, {"role": "user", "content": "go"}]
+    span = EncodedSpan(1, len(history), b",".join(message_json(m) for m in history))
+
+    def size(m: dict[str, object]) -> int:
+        return len(str(m.get("content") or ""))
+
+    budget = TurnBudget(limit=2500, used=sum(map(size, messages)), count=size)
+    llm.tool_call("big", {}).reply("ok")
+    result = await make(llm, tmp_path, big).run(messages=messages, ctx=ctx(tmp_path),
+                                               budget=budget, encoded=span)
+    assert result.text == "ok" and result.shortened == 1
+    first, second = (r["messages"] for r in llm.requests)
+    assert first == messages
+    assert second[3]["content"].startswith("[shortened") and second[:3] == messages[:3]
