@@ -49,15 +49,15 @@ class HistoryRows(list[StoredMessage]):
     __slots__ = ("bodies", "digests", "raw", "starts", "tokens", "tools")
 
     def __init__(self, rows: Iterable[StoredMessage], bodies: list[dict[str, Any]],
-                 tokens: int, tools: list[int], digests: list[bytes], raw: bytes = b"",
-                 starts: list[int] | None = None) -> None:
+                 tokens: int, tools: list[int], digests: list[bytes], raw: bytes,
+                 starts: list[int]) -> None:
         super().__init__(rows)
         self.bodies = bodies
         self.tokens = tokens
         self.tools = tools
         self.digests = digests
         self.raw = raw
-        self.starts = starts if starts is not None else []
+        self.starts = starts
 
     @classmethod
     def of(cls, rows: list[StoredMessage]) -> HistoryRows:
