@@ -46,7 +46,7 @@ def json_digest(encoded: bytes) -> bytes:
 
 def message_digest(message: dict[str, Any]) -> bytes:
     """One message's part of a form-3 fingerprint."""
-    return hashlib.sha256(orjson.dumps(message, option=_SORTED)).digest()
+    return json_digest(message_json(message))
 
 
 def digests_hash(digests: Iterable[bytes]) -> str:
