@@ -20,7 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.budget import TokenCounter, reply_reserve, snippet_cap
-from agent.fingerprint import context_hash, digests_hash, message_digest
+from agent.fingerprint import DIGEST_BYTES, context_hash, digests_hash, message_digest
 from agent.history import HistoryRows
 from agent.llm_types import EncodedSpan
 from agent.snapshots import text_hash
@@ -239,11 +239,11 @@ class ContextBuilder:
     # assembly -----------------------------------------------------------------------------
 
     def _fit_history(self, history: list[StoredMessage], available: int, trimmed: list[str]
-                     ) -> tuple[list[dict[str, Any]], int, int, int, list[bytes] | None,
+                     ) -> tuple[list[dict[str, Any]], int, int, int, bytes | None,
                                 bytes | None]:
         """(messages kept, their tokens, whole turns dropped to fit ``available``, the
-        tokens of all of them, the kept messages' digests when ``history`` carries them,
-        and their JSON when it carries that and none of them was shortened).
+        tokens of all of them, the kept messages' digests back to back when ``history``
+        carries them, and their JSON when it carries that and none of them was shortened).
         Turns start at a user message (``history_groups``). It runs every turn over up to
         ``max_recent_messages``: from what ``HistoryRows`` carries (a look at the tool
         results alone) when nothing is to be shortened or left out; the whole window, and
@@ -256,7 +256,7 @@ class ContextBuilder:
             trimmed.append(f"dropped {first} message(s) of a turn cut by max_recent_messages")
         cap = snippet_cap(available, self.config.agent.context.max_tool_snippet_tokens)
         rest = history[first:] if first else history
-        digests: list[bytes] | None = None
+        digests: bytes | None = None
         if isinstance(history, HistoryRows) and not first:  # figured once per message
             bodies, total, digests = history.bodies, history.tokens, history.digests
             long = [i for i in history.tools if history[i].tokens > cap]
@@ -266,12 +266,13 @@ class ContextBuilder:
         counts: list[int] = []
         if long or total > available:
             bodies, counts = list(bodies), [m.tokens for m in rest]
-        if long and digests is not None:
-            digests = list(digests)
+        changed = bytearray(digests) if long and digests is not None else None
         for i in long:
             bodies[i], counts[i] = self.shorten_tool(bodies[i], cap)
-            if digests is not None:
-                digests[i] = message_digest(bodies[i])
+            if changed is not None:
+                changed[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] = message_digest(bodies[i])
+        if changed is not None:
+            digests = bytes(changed)
         if long:
             trimmed.append(f"shortened {len(long)} old tool result(s) to "
                            f"{cap} tokens")
@@ -289,7 +290,7 @@ class ContextBuilder:
             first_kept = starts[dropped] if dropped < len(starts) else len(rest)
             kept = bodies[first_kept:]
             if digests is not None:
-                digests = digests[first_kept:]
+                digests = digests[first_kept * DIGEST_BYTES:]
         if dropped:
             trimmed.append(f"dropped the {dropped} oldest turn(s) of history to fit "
                            f"{self.max_context_tokens} tokens")
@@ -363,9 +364,9 @@ class ContextBuilder:
         messages = [system_message, *summary, *kept, runtime, user]
         encoded = EncodedSpan(1 + len(summary), len(kept), kept_raw) if kept_raw else None
         if kept_digests is None:
-            kept_digests = [message_digest(m) for m in kept]
+            kept_digests = b"".join(map(message_digest, kept))
         digests = [self._system_digest(system_message), *map(message_digest, summary),
-                   *kept_digests, message_digest(runtime), message_digest(user)]
+                   kept_digests, message_digest(runtime), message_digest(user)]
         layer_hashes = self.prompts.layer_hashes(system)
         texts = {h: layer.text for layer, (_, h) in zip(system.layers, layer_hashes,
                                                          strict=True)}

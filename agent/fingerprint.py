@@ -31,6 +31,9 @@ import orjson
 FORM2 = "2:"
 FORM3 = "3:"
 _SORTED = orjson.OPT_SORT_KEYS
+DIGEST_BYTES = 32
+"""A message's digest (SHA-256): the history carries them back to back
+(``HistoryRows.digests``)."""
 
 
 def message_json(message: dict[str, Any]) -> bytes:
@@ -50,7 +53,8 @@ def message_digest(message: dict[str, Any]) -> bytes:
 
 
 def digests_hash(digests: Iterable[bytes]) -> str:
-    """The form-3 fingerprint of the messages whose ``message_digest``s these are, in order."""
+    """The form-3 fingerprint of the messages whose ``message_digest``s these are, in order
+    (an item may hold several digests back to back: they are joined)."""
     return FORM3 + hashlib.sha256(b"".join(digests)).hexdigest()
 
 

@@ -16,6 +16,7 @@ messages a turn went over each of them four times in Python (bench/RESULTS.md, r
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from agent.fingerprint import json_digest, message_json
+from agent.fingerprint import DIGEST_BYTES, json_digest, message_json
 from gateway.kernel.store import Compaction, Store, StoredMessage
 
 SESSIONS_KEPT = 128
@@ -38,19 +39,24 @@ class HistoryRows(list[StoredMessage]):
     """The rows a session's turn reads (a list, oldest first), with what the context builder
     would otherwise work out from all of them: ``bodies`` (each row's ``body``, in order),
     ``tokens`` (their sum), ``tools`` (the positions of the tool results), ``digests``
-    (each body's part of the context's fingerprint, ``agent/fingerprint``) and ``raw``:
-    the bodies as that fingerprint writes them (``message_json``), joined by commas — what a
-    request body says of them, copied from here where writing them again walked every
-    message of the window, every turn (bench/RESULTS.md, round seventeen). ``starts``: where
-    each body begins, counted from the first body ever joined (``raw`` starts at
-    ``starts[0]``: cutting rows off the front moves no offset). Made here, from rows whose
-    figures were carried forward; never changed once made."""
+    (each body's part of the context's fingerprint, ``agent/fingerprint``, one after
+    another: ``DIGEST_BYTES`` each) and ``raw``: the bodies as that fingerprint writes them
+    (``message_json``), joined by commas — what a request body says of them, copied from
+    here where writing them again walked every message of the window, every turn
+    (bench/RESULTS.md, round seventeen). ``starts``: where each body begins, counted from
+    the first body ever joined (``raw`` starts at ``starts[0]``: cutting rows off the front
+    moves no offset). The digests and the offsets are flat bytes and a machine-integer array,
+    not lists of objects: carrying a list forward touches every object in it (a reference
+    counted up, then down when the list it replaced goes), and at 100 chats, each window
+    cold in the cache, that was most of what carrying cost (bench/RESULTS.md, round
+    eighteen). Made here, from rows whose figures were carried forward; never changed once
+    made."""
 
     __slots__ = ("bodies", "digests", "raw", "starts", "tokens", "tools")
 
     def __init__(self, rows: Iterable[StoredMessage], bodies: list[dict[str, Any]],
-                 tokens: int, tools: list[int], digests: list[bytes], raw: bytes,
-                 starts: list[int]) -> None:
+                 tokens: int, tools: list[int], digests: bytes, raw: bytes,
+                 starts: array[int]) -> None:
         super().__init__(rows)
         self.bodies = bodies
         self.tokens = tokens
@@ -66,8 +72,8 @@ class HistoryRows(list[StoredMessage]):
         encoded = [message_json(b) for b in bodies]
         return cls(rows, bodies, sum(m.tokens for m in rows),
                    [i for i, m in enumerate(rows) if m.role == "tool"],
-                   [json_digest(e) for e in encoded], b",".join(encoded),
-                   list(_starts(encoded, 0)))
+                   b"".join(map(json_digest, encoded)), b",".join(encoded),
+                   array("q", _starts(encoded, 0)))
 
     def extended(self, new: list[StoredMessage]) -> HistoryRows:
         """These rows and then ``new``: only the new rows' figures worked out (each list
@@ -82,9 +88,9 @@ class HistoryRows(list[StoredMessage]):
         return HistoryRows(chain(self, new), self.bodies + bodies,
                            self.tokens + sum(m.tokens for m in new),
                            self.tools + [n + i for i, m in enumerate(new) if m.role == "tool"],
-                           self.digests + [json_digest(e) for e in encoded],
+                           self.digests + b"".join(map(json_digest, encoded)),
                            self.raw + b"," + joined if n else joined,
-                           self.starts + list(_starts(encoded, at)))
+                           self.starts + array("q", _starts(encoded, at)))
 
     def without(self, cut: int) -> HistoryRows:
         """The rows from ``cut`` on (these same rows when ``cut`` ≤ 0)."""
@@ -92,9 +98,14 @@ class HistoryRows(list[StoredMessage]):
             return self
         return HistoryRows(self[cut:], self.bodies[cut:],
                            self.tokens - sum(m.tokens for m in self[:cut]),
-                           [i - cut for i in self.tools if i >= cut], self.digests[cut:],
+                           [i - cut for i in self.tools if i >= cut],
+                           self.digests[cut * DIGEST_BYTES:],
                            self.raw[self.starts[cut] - self.starts[0]:] if cut < len(self)
                            else b"", self.starts[cut:])
+
+    def digest(self, i: int) -> bytes:
+        """The ``i``-th row's digest."""
+        return self.digests[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]
 
     def raw_from(self, i: int) -> bytes:
         """``raw`` of the rows from ``i`` on."""

@@ -82,13 +82,15 @@ class _Connection(asyncio.Protocol):
 
     # -- the exchange ------------------------------------------------------------------------
 
-    def send(self, data: bytes) -> asyncio.Future[None]:
+    def send(self, head: bytes, body: bytes) -> asyncio.Future[None]:
+        """Write the request: its head, then its body, as they are (``writelines``: the
+        body, the largest thing a turn writes, is not copied once more to join them)."""
         assert self.transport is not None
         self._reset()
         self.head = self.loop.create_future()
         self.last = self.loop.time()
         self.timer = self.loop.call_at(self.last + self.origin.read_timeout, self._check_timeout)
-        self.transport.write(data)
+        self.transport.writelines((head, body))
         return self.head
 
     def reusable(self) -> bool:
@@ -248,39 +250,62 @@ class Response:
             raise BadResponse(f"the answer is encoded as {coding!r}, which this client "
                               "does not read")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (inflated when the server compressed them)."""
-        conn = self._conn
-        while True:
-            chunk = conn.take()
-            if chunk is None:
-                if conn.complete:
-                    break
-                if conn.error is not None:
-                    raise conn.error
-                conn.waiter = conn.loop.create_future()
-                await conn.waiter
-                conn.waiter = None
-                continue
-            if self._inflate is None:
-                yield chunk
-                continue
-            data = chunk
-            while data:
-                out = self._inflate_some(data)
-                data = self._inflate.unconsumed_tail
-                if out:
-                    yield out
-        if self._inflate is not None:
-            tail = self._inflate.flush()
-            if tail:
-                yield tail
+        return _Chunks(self)
 
     def _inflate_some(self, data: bytes) -> bytes:
         try:
             return self._inflate.decompress(data, CHUNK_OUT)  # type: ignore[no-any-return]
         except zlib.error as exc:
             raise BadResponse(f"the compressed answer is corrupt ({exc})") from exc
+
+
+class _Chunks:
+    """``Response.chunks()``: an iterator of its own rather than an async generator, which
+    the event loop tracks in a weak set from its first step to its last (two calls into that
+    set's Python code per model call)."""
+
+    __slots__ = ("_resp", "_data", "_done")
+
+    def __init__(self, resp: Response) -> None:
+        self._resp = resp
+        self._data = b""
+        """Compressed bytes not yet inflated (``CHUNK_OUT`` at a time)."""
+        self._done = False
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        resp = self._resp
+        conn, inflate = resp._conn, resp._inflate
+        while True:
+            if self._data:
+                out = resp._inflate_some(self._data)
+                self._data = inflate.unconsumed_tail
+                if out:
+                    return out  # type: ignore[no-any-return]
+                continue
+            if self._done:
+                raise StopAsyncIteration
+            chunk = conn.take()
+            if chunk is None:
+                if conn.complete:
+                    self._done = True
+                    tail = inflate.flush() if inflate is not None else b""
+                    if tail:
+                        return tail  # type: ignore[no-any-return]
+                    raise StopAsyncIteration
+                if conn.error is not None:
+                    raise conn.error
+                conn.waiter = conn.loop.create_future()
+                await conn.waiter
+                conn.waiter = None
+                continue
+            if inflate is None:
+                return chunk
+            self._data = chunk
 
 
 class _Exchange:
@@ -343,7 +368,7 @@ class Origin:
     async def _exchange(self, body: bytes) -> _Connection:
         if self.closed:
             raise HTTPError("the client is closed")
-        data = b"%s%d\r\n\r\n%s" % (self._head, len(body), body)
+        head = b"%s%d\r\n\r\n" % (self._head, len(body))
         await self._slots.acquire()
         try:
             while True:
@@ -351,7 +376,7 @@ class Origin:
                 if conn is None:
                     conn, reused = await self._connect(), False
                 try:
-                    await conn.send(data)
+                    await conn.send(head, body)
                     return conn
                 except Disconnected:
                     conn.close()

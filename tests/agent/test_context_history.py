@@ -280,7 +280,9 @@ def assert_carried(rows: list[StoredMessage]) -> None:
     assert all(a is b for a, b in zip(rows.bodies, (m.body for m in rows), strict=True))
     assert rows.tokens == sum(m.tokens for m in rows)
     assert rows.tools == [i for i, m in enumerate(rows) if m.role == "tool"]
-    assert rows.digests == [message_digest(m.body) for m in rows]
+    assert rows.digests == b"".join(message_digest(m.body) for m in rows)
+    assert [rows.digest(i) for i in range(len(rows))] == [message_digest(m.body) for m in rows]
+    assert len(rows.starts) == len(rows)
     # the bodies as the request writes them, joined; and where each begins
     from agent.fingerprint import message_json
     encoded = [message_json(m.body) for m in rows]

@@ -160,6 +160,25 @@ async def test_chunked_and_compressed_answers(serve: Callable[..., Awaitable[Raw
     await client.aclose()
 
 
+async def test_a_compressed_answer_is_inflated_a_piece_at_a_time(
+        serve: Callable[..., Awaitable[RawHTTP]]) -> None:
+    """A small compressed answer that inflates to much more comes out in pieces of at most
+    ``CHUNK_OUT`` bytes (what ``openai_http._read`` counts against its limit), whole, and
+    the request the server received is its head and its body as written."""
+    big = b"parley " * (3 * http1.CHUNK_OUT // 7 + 5)
+    packed = gzip.compress(big)
+    raw = await serve(writes(answer(packed, "Content-Encoding: gzip",
+                                    f"Content-Length: {len(packed)}")))
+    client = origin(raw)
+    async with client.post(b'{"a": 1}') as resp:
+        pieces = [c async for c in resp.chunks()]
+    assert len(packed) < http1.CHUNK_OUT < len(big)
+    assert b"".join(pieces) == big
+    assert len(pieces) >= 3 and all(len(p) <= http1.CHUNK_OUT for p in pieces)
+    assert raw.requests[0].endswith(b'Content-Length: 8\r\n\r\n{"a": 1}')
+    await client.aclose()
+
+
 async def test_an_interim_answer_and_a_body_that_ends_with_the_connection(
         serve: Callable[..., Awaitable[RawHTTP]]) -> None:
     async def old_style(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
