@@ -176,6 +176,15 @@ class Database:
     """Where the data is: the SQLite file's path, or the PostgreSQL URL (password hidden)."""
     _last_batch = 0
     """Writes in the last group commit (``_flush``): more than one, and the next gathers."""
+    _now: sqlite3.Connection | None = None
+    """The event loop thread's connection (None: everything on the database thread, and on
+    PostgreSQL)."""
+    _went_now = False
+    """A write committed at once (``_write_now``) in this pass of the event loop: the next
+    write of the same pass is not alone, and queues."""
+    _behind_now = 0
+    """Writes that queued behind one committed at once in the same pass: counted into the
+    next batch's size, so that the store knows it is busy."""
     _gather_passes = GATHER_PASSES
     """0 on PostgreSQL (``store_pg``): its batches fill while the last one's round trip runs
     on the store's thread; gathering there measured +0.2 to +0.6 % instructions a turn."""
@@ -184,7 +193,6 @@ class Database:
                  now: sqlite3.Connection | None = None) -> None:
         self._db = db
         self._now = now
-        """The event loop thread's connection (None: everything on the database thread)."""
         self._commits_since_checkpoint = 0
         self._checkpoint: asyncio.Task[None] | None = None
         self.path = path
@@ -348,13 +356,58 @@ class Database:
         of one batch share their tables' last pages: at 100 chats 0.44 → 0.26 COMMITs a turn
         and 164 → 139 µs of SQLite a turn (bench/RESULTS.md, round sixteen; stopping at the
         first pass that brought nothing, as before, left batches at two turns). One chat
-        alone never waits; a gateway that is not busy does not wait long, nor spin."""
+        alone never waits; a gateway that is not busy does not wait long, nor spin: a write
+        that finds nothing queued or being written, after a lone write's batch, commits in
+        this call (``_write_now``)."""
         loop = asyncio.get_running_loop()
         entry = _Queued(fn, loop.create_future(), slow, then=then)
+        idle = not self._queued and (self._flusher is None or self._flusher.done())
+        if idle and self._now is not None and not slow and self._last_batch <= 1 \
+                and not self._write_lock.locked():
+            if not self._went_now:
+                if self._write_now(entry, loop):
+                    if entry.error is not None:
+                        raise entry.error
+                    return entry.result  # type: ignore[no-any-return]
+            else:  # a second write in one pass: the store is busy
+                self._behind_now += 1
         self._queued.append(entry)
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())
         return await entry.future  # type: ignore[no-any-return]
+
+    def _write_now(self, entry: _Queued, loop: asyncio.AbstractEventLoop) -> bool:
+        """``entry`` alone, committed before ``_write`` returns, when nothing else is queued
+        or being written and the last batch was a lone write (one chat; a gateway that is not
+        busy): no task, no pass of the loop for the batch, none to wake its caller — two of
+        each a turn at one chat. The same transaction ``_flush`` would have run; ``then``
+        runs as it would. False when the database is busy (another process): it queues."""
+        try:
+            self._check_writable()
+            alone = self._batch_now([entry])
+        except StoreUnavailable as exc:
+            entry.error = exc
+            return True
+        except Exception as exc:  # the connection closed under it
+            entry.error = exc
+            return True
+        if alone is None:
+            return False
+        self._went_now = True
+        loop.call_soon(self._pass_over)
+        if isinstance(entry.error, sqlite3.Error):
+            entry.error = self._mapped_error(entry.error)
+        if entry.error is None:
+            self.problem = None
+            if entry.then is not None:
+                try:
+                    entry.then(entry.result)
+                except Exception:  # a bug of the caller's
+                    _log.exception("after a write committed")
+        return True
+
+    def _pass_over(self) -> None:
+        self._went_now = False
 
     async def _flush(self) -> None:
         if self._last_batch > 1:  # busy: let the turns that are running queue theirs too
@@ -381,7 +434,8 @@ class Database:
             async with self._write_lock:
                 batch = [e for e in self._queued if not e.future.done()]
                 self._queued = []
-                self._last_batch = len(batch)
+                self._last_batch = len(batch) + self._behind_now
+                self._behind_now = 0
                 if not batch:
                     continue
                 try:

@@ -7,6 +7,7 @@ on retry_after run on a FakeClock."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -111,6 +112,13 @@ async def test_rate_limited_edits_wait_retry_after(make_config: MakeConfig, tg: 
         await tg.wait_for(lambda: len(first.edits) == 1)
         tg.fail_next("editMessageText", 429, retry_after=1)  # the final edit, too
         third.release()
+        # Whoever meets this 429 waits it out on the clock: the desk (its edit of the last
+        # piece; the stream's end wakes it) or, when the turn ended before the desk edited
+        # again, the final's delivery, which tries again one second on.
+        again = clock.now() + timedelta(seconds=1)
+        await tg.wait_for(lambda: first.text.endswith("rest.") or clock.sleeps_until(again),
+                          timeout=15)
+        clock.advance(1)
         await tg.wait_for(lambda: first.text.endswith("rest."), timeout=15)
     assert tg.sent_to(GROUP_ID) == [first]
     refused = [c for c in tg.calls if c[0] == "editMessageText"]

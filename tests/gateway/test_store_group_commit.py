@@ -86,6 +86,36 @@ async def test_a_busy_store_gathers_writes_over_a_few_passes_of_the_loop(
 
 
 
+async def test_a_lone_write_commits_in_its_call_and_a_second_in_that_pass_queues(
+        store: Store) -> None:
+    """A store that is not busy (the last batch one write, nothing queued) commits a write in
+    the call itself: its coroutine finishes at its first step, with no task and no pass of the
+    loop, and what must follow the commit (``then``) has run. A second write in the same pass
+    of the loop queues, and the store counts itself busy: the next writes gather."""
+    assert store._now is not None
+    statements: list[str] = []
+    store._now.set_trace_callback(statements.append)
+    assert await store.write(insert(1)) == 1
+    await asyncio.sleep(0)  # another pass of the loop
+    followed: list[object] = []
+    flusher = store._flusher  # (the last one's, done)
+    lone = store._write(insert(2), then=followed.append)
+    with pytest.raises(StopIteration) as finished:
+        lone.send(None)
+    assert finished.value.value == 2 and followed == [2]
+    assert store._flusher is flusher and statements.count("COMMIT") == 2
+    statements.clear()
+    # two writes whose turns reach them in one pass: the first commits in its call, the
+    # second queues behind it
+    assert await asyncio.gather(store.write(insert(3)), store.write(insert(4))) == [3, 4]
+    assert statements.count("COMMIT") == 2 and store._last_batch == 2  # busy from now on
+    statements.clear()
+    assert await staggered(store, [5, 6, 7]) == [5, 6, 7]
+    assert statements.count("COMMIT") == 1  # gathered
+    rows = await store.fetchall("SELECT x FROM t ORDER BY x")
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
+
+
 async def test_a_busy_loop_keeps_gathering_until_a_pass_runs_nothing(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass of the loop that ran other work (the turns in flight) but brought no write does
