@@ -21,7 +21,6 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 from agent.fingerprint import DIGEST_BYTES, json_digest, message_json
@@ -85,12 +84,14 @@ class HistoryRows(list[StoredMessage]):
         n = len(self)
         joined = b",".join(encoded)
         at = self.starts[0] + len(self.raw) + 1 if n else 0
-        return HistoryRows(chain(self, new), self.bodies + bodies,
-                           self.tokens + sum(m.tokens for m in new),
-                           self.tools + [n + i for i, m in enumerate(new) if m.role == "tool"],
-                           self.digests + b"".join(map(json_digest, encoded)),
-                           self.raw + b"," + joined if n else joined,
-                           self.starts + array("q", _starts(encoded, at)))
+        out = HistoryRows(self, self.bodies + bodies,
+                          self.tokens + sum(m.tokens for m in new),
+                          self.tools + [n + i for i, m in enumerate(new) if m.role == "tool"],
+                          self.digests + b"".join(map(json_digest, encoded)),
+                          self.raw + b"," + joined if n else joined,
+                          self.starts + array("q", _starts(encoded, at)))
+        list.extend(out, new)  # these rows copied as a block, then the new: not one by one
+        return out
 
     def without(self, cut: int) -> HistoryRows:
         """The rows from ``cut`` on (these same rows when ``cut`` ≤ 0)."""
@@ -112,10 +113,12 @@ class HistoryRows(list[StoredMessage]):
         return self.raw[self.starts[i] - self.starts[0]:] if i < len(self) else b""
 
 
-def _starts(encoded: list[bytes], at: int) -> Iterable[int]:
+def _starts(encoded: list[bytes], at: int) -> list[int]:
+    out = []
     for e in encoded:
-        yield at
+        out.append(at)
         at += len(e) + 1
+    return out
 
 
 @dataclass(slots=True)

@@ -110,6 +110,12 @@ def checks(r: dict[str, Any]) -> list[Check]:
         elif split:
             add("1", f"{kind}: turns waiting on a summary call", 0, "{:.0f}", "0",
                 lambda v: v == 0)
+    apart, together = (_get(r, f"wakeup.{w}.cpu_us") for w in ("other_cpu", "same_cpu"))
+    if apart is not None or together is not None:
+        add("1", "a loopback round trip to a process that sleeps meanwhile: this side's CPU, "
+            f"the other on another CPU (the same CPU: {together} µs; a plain turn at one chat "
+            "waits on two, and writes once more: bench/wakeup.py)", apart, "{:.1f} µs", "",
+            None)
         stored = _get(r, f"turns.{kind}.stored_bytes_per_turn")
         if stored:
             add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "

@@ -27,6 +27,7 @@ from bench import (
     request_size,
     startup,
     stream_latency,
+    wakeup,
 )
 from bench.client import LocalClient, expect
 from bench.gateway_db import llm_latencies, split_by_compaction, table_bytes
@@ -223,6 +224,8 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
         results["gateway_memory_after_turns_kb"] = gateway.memory()
     finally:
         gateway.stop()
+    _say("1: a loopback round trip's CPU, the other side on another CPU and on the same")
+    results["wakeup"] = wakeup.run_apart(sizes.floor_calls * 10)
 
 
 async def skeleton_chats(root: Path, server: ModelServer, sizes: Sizes) -> dict[str, Any]:
