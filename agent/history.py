@@ -46,10 +46,9 @@ class HistoryRows(list[StoredMessage]):
     the first body ever joined (``raw`` starts at ``starts[0]``: cutting rows off the front
     moves no offset). The digests and the offsets are flat bytes and a machine-integer array,
     not lists of objects: carrying a list forward touches every object in it (a reference
-    counted up, then down when the list it replaced goes), and at 100 chats, each window
-    cold in the cache, that was most of what carrying cost (bench/RESULTS.md, round
-    eighteen). Made here, from rows whose figures were carried forward; never changed once
-    made."""
+    counted up, then down when the list it replaced goes; a cache miss each when the window
+    is cold, as at 100 chats: bench/RESULTS.md, round eighteen). Made here, from rows whose
+    figures were carried forward; never changed once made."""
 
     __slots__ = ("bodies", "digests", "raw", "starts", "tokens", "tools")
 
