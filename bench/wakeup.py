@@ -13,8 +13,9 @@ Measured here without the gateway: this process (on the gateway's CPU) and a chi
 helpers' CPUs, or on the same one) pass a 2 KB request and a 300-byte answer over loopback
 TCP, the child taking ``PEER_WORK`` seconds before it answers (as the model server does). The
 figure is this side's CPU (user + system) per round trip, after a warm-up. Run in a process
-of its own (``python -m bench.wakeup N``: it forks, which the benchmark's own process, with
-its threads, must not), printing JSON.
+of its own (``run_apart``: ``python -m bench.wakeup N HERE THERE`` — round trips, this side's
+CPU, the peer's or nothing for none — forks, which the benchmark's own process, with its
+threads, must not), printing JSON.
 """
 
 from __future__ import annotations

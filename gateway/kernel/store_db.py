@@ -114,6 +114,16 @@ def _batch_in_transaction(conn: sqlite3.Connection, batch: list[_Queued], *,
     return []
 
 
+def _followed(entry: _Queued) -> None:
+    """``entry``'s ``then``, once it committed; a bug of the caller's in it is logged (the
+    batch's other writers are still told)."""
+    if entry.then is not None:
+        try:
+            entry.then(entry.result)
+        except Exception:
+            _log.exception("after a write committed")
+
+
 _BUSY = ("database is locked", "database is busy", "database table is locked")
 """Another connection (another process: ``parley chat``, ``parley db vacuum``) holds the lock."""
 
@@ -399,11 +409,7 @@ class Database:
             entry.error = self._mapped_error(entry.error)
         if entry.error is None:
             self.problem = None
-            if entry.then is not None:
-                try:
-                    entry.then(entry.result)
-                except Exception:  # a bug of the caller's
-                    _log.exception("after a write committed")
+            _followed(entry)
         return True
 
     def _pass_over(self) -> None:
@@ -450,11 +456,8 @@ class Database:
                                 "the gateway stopped before this write finished"))
                     raise
             for e in batch:
-                if e.then is not None and e.error is None:
-                    try:
-                        e.then(e.result)
-                    except Exception:  # a bug of the caller's: the others are still told
-                        _log.exception("after a write committed")
+                if e.error is None:
+                    _followed(e)
                 if e.future.done():
                     continue
                 if e.error is not None:
