@@ -36,7 +36,24 @@ def _pythonpath() -> str:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds the process used so far (all threads)."""
+    """User + system CPU seconds the process used so far, to the nanosecond: the scheduler's
+    own count of each thread's time on a CPU (``/proc/<pid>/task/*/schedstat``; a process's
+    ``utime`` and ``stime`` come in clock ticks, 10 ms, ±3 % of a 200-turn series' CPU). A
+    thread that ended is no longer counted: the processes measured keep theirs (their
+    database and executor threads live as long as they do). Where there is no schedstat,
+    the ticks."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
+                    total += int(fh.read().split()[0])
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+    except OSError:
+        total = 0
+    if total:
+        return total / 1e9
     with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
         rest = fh.read().rsplit(")", 1)[1].split()
     return (int(rest[11]) + int(rest[12])) / _TICK  # fields 14 and 15: utime, stime

@@ -116,6 +116,17 @@ def checks(r: dict[str, Any]) -> list[Check]:
             f"the other on another CPU (the same CPU: {together} µs; a plain turn at one chat "
             "waits on two, and writes once more: bench/wakeup.py)", apart, "{:.1f} µs", "",
             None)
+    lone = _get(r, "throughput.skeleton_1.cpu_ms_per_turn.gateway")
+    if lone is not None:
+        many = _get(r, "throughput.skeleton.cpu_ms_per_turn.gateway")
+        gateway_one = _get(r, "throughput.1.cpu_ms_per_turn.gateway")
+        add("1", "one chat on bench/skeleton.py, the same I/O and nothing else: its CPU per "
+            f"turn, the machine's price of a turn that sleeps twice (at 100 chats, never "
+            f"asleep: {many} ms; the gateway at one chat: {gateway_one} ms)", lone,
+            "{:.2f} ms", "", None)
+        add("1", "the gateway's own work a turn at one chat: its CPU a turn there less the "
+            "skeleton's (the same I/O, the same two sleeps)",
+            gateway_one - lone if gateway_one is not None else None, "{:.2f} ms", "", None)
         stored = _get(r, f"turns.{kind}.stored_bytes_per_turn")
         if stored:
             add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "
@@ -198,7 +209,7 @@ def checks(r: dict[str, Any]) -> list[Check]:
     add("3", "throughput, 100 chats × 1,000 sessions (item 5's run)",
         _get(r, "memory.load.turns_per_s"), "{:.1f} turns/s", "", None)
     failed = sum(int(_get(r, f"throughput.{c}.turns_failed") or 0)
-                 for c in ("1", "10", "100", "skeleton"))
+                 for c in ("1", "10", "100", "skeleton", "skeleton_1"))
     failed += int(_get(r, "memory.load.turns_failed") or 0)
     add("3", "turns not answered (all load runs)", failed, "{:.0f}", "0", lambda v: v == 0)
     sizes = _get(r, "context.sizes") or {}

@@ -214,8 +214,10 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
                 wal = gateway.root / "data" / "parley.db-wal"  # bounded: it starts over
                 results["throughput"][str(chats)]["wal_bytes_after"] = \
                     wal.stat().st_size if wal.exists() else 0
-            _say("3: the same 100 chats on bench/skeleton.py (the gateway's I/O, nothing else)")
-            results["throughput"]["skeleton"] = await skeleton_chats(root, server, sizes)
+            _say("3: the same 100 chats, then one, on bench/skeleton.py (the gateway's I/O, "
+                 "nothing else)")
+            results["throughput"]["skeleton"], results["throughput"]["skeleton_1"] = \
+                await skeleton_chats(root, server, sizes)
             if profile:
                 from bench import profile as prof
 
@@ -228,14 +230,20 @@ async def turns_section(root: Path, server: ModelServer, sizes: Sizes,
     results["wakeup"] = wakeup.run_apart(sizes.floor_calls * 10)
 
 
-async def skeleton_chats(root: Path, server: ModelServer, sizes: Sizes) -> dict[str, Any]:
+async def skeleton_chats(root: Path, server: ModelServer,
+                         sizes: Sizes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``bench.skeleton`` at 100 chats, then at one: what the same I/O costs a turn with
+    nothing else, where the process never sleeps and where it sleeps twice a turn."""
     skeleton = SkeletonProcess(root / "skeleton", server.base_url)
     try:
         async with LocalClient(skeleton.base_url) as client:
             for i in range(200):
                 await client.turn(f"warm-{i % 100}", f"warm {i}")
-            return await concurrent_chats(client, skeleton, server, chats=100,
+            many = await concurrent_chats(client, skeleton, server, chats=100,
                                           seconds=sizes.load_seconds, tag="skeleton")
+            one = await concurrent_chats(client, skeleton, server, chats=1,
+                                         seconds=sizes.load_seconds, tag="skeleton-one")
+            return many, one
     finally:
         skeleton.stop()
 

@@ -274,10 +274,11 @@ class LocalChannel(ChannelBase):
     def _delivered(self, key: str, seq: int, recorded: bool) -> Delivery:
         """Sent as ``seq``: a repeat of ``key`` is not stored again (and answers the delivery
         without ``recorded``: its outbox row was not marked by that repeat)."""
-        delivery = self._deliveries[key] = Delivery(ok=True, message_ids=(str(seq),))
+        ids = (str(seq),)
+        delivery = self._deliveries[key] = Delivery(ok=True, message_ids=ids)
         while len(self._deliveries) > MAX_IDEMPOTENCY_KEYS:
             self._deliveries.popitem(last=False)
-        return replace(delivery, recorded=True) if recorded else delivery
+        return Delivery(ok=True, message_ids=ids, recorded=True) if recorded else delivery
 
     async def _append(self, msg: OutboundMessage, text: str, kind: str,
                       extra: dict[str, Any], key: str,

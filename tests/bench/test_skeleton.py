@@ -35,3 +35,20 @@ async def test_the_skeleton_answers_and_stores_every_turn(tmp_path: Path) -> Non
         assert db.execute("SELECT count(*), sum(done) FROM inbox").fetchone() == (20, 20)
         assert db.execute("SELECT count(*) FROM messages").fetchone() == (40,)
         assert db.execute("SELECT count(*) FROM outbox").fetchone() == (20,)
+
+
+def test_the_report_reads_one_chat_against_the_skeleton_at_one_chat() -> None:
+    from bench.report import checks
+
+    results = {"throughput": {
+        "1": {"cpu_ms_per_turn": {"gateway": 1.4}, "turns_failed": 0},
+        "skeleton": {"cpu_ms_per_turn": {"gateway": 0.17}, "turns_failed": 0},
+        "skeleton_1": {"cpu_ms_per_turn": {"gateway": 0.55}, "turns_failed": 2}}}
+    rows = {row.figure: row for row in checks(results)}
+    floor = next(row for figure, row in rows.items() if figure.startswith("one chat on"))
+    assert floor.value == 0.55 and "never asleep: 0.17 ms" in floor.figure
+    assert "the gateway at one chat: 1.4 ms" in floor.figure
+    own = next(row for figure, row in rows.items() if figure.startswith("the gateway's own"))
+    assert own.shown == "0.85 ms"
+    failed = next(row for figure, row in rows.items() if figure.startswith("turns not"))
+    assert failed.value == 2  # the skeleton's one-chat run counts among the load runs
