@@ -110,6 +110,20 @@ def checks(r: dict[str, Any]) -> list[Check]:
         elif split:
             add("1", f"{kind}: turns waiting on a summary call", 0, "{:.0f}", "0",
                 lambda v: v == 0)
+        stored = _get(r, f"turns.{kind}.stored_bytes_per_turn")
+        if stored:
+            add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "
+                f"{stored['all']:,} B)", stored["second_half"], "{:,.0f} B", "", None)
+            long = _get(r, f"turns.{kind}.kept_bytes_long")
+            if "kept_second_half" in stored:
+                add("11", f"{kind}: of which kept past retention's hours (no inbox, outbox, "
+                    "local reply log), that half's 100 turns (±41 B a b-tree)",
+                    stored["kept_second_half"], "{:,.0f} B", "", None)
+            if long:
+                add("11", f"{kind}: kept past retention's hours per turn over the repeated "
+                    f"series ({long['turns']:,} turns: ±5 B a b-tree)", long["kept"],
+                    "{:,.0f} B", "≤ 1,536 B" if kind == "plain" else "",
+                    (lambda v: v <= 1536) if kind == "plain" else None)
     apart, together = (_get(r, f"wakeup.{w}.cpu_us") for w in ("other_cpu", "same_cpu"))
     if apart is not None or together is not None:
         add("1", "a loopback round trip to a process that sleeps meanwhile: this side's CPU, "
@@ -127,20 +141,6 @@ def checks(r: dict[str, Any]) -> list[Check]:
         add("1", "the gateway's own work a turn at one chat: its CPU a turn there less the "
             "skeleton's (the same I/O, the same two sleeps)",
             gateway_one - lone if gateway_one is not None else None, "{:.2f} ms", "", None)
-        stored = _get(r, f"turns.{kind}.stored_bytes_per_turn")
-        if stored:
-            add("11", f"{kind}: bytes stored per turn, steady state (second half; whole series "
-                f"{stored['all']:,} B)", stored["second_half"], "{:,.0f} B", "", None)
-            long = _get(r, f"turns.{kind}.kept_bytes_long")
-            if "kept_second_half" in stored:
-                add("11", f"{kind}: of which kept past retention's hours (no inbox, outbox, "
-                    "local reply log), that half's 100 turns (±41 B a b-tree)",
-                    stored["kept_second_half"], "{:,.0f} B", "", None)
-            if long:
-                add("11", f"{kind}: kept past retention's hours per turn over the repeated "
-                    f"series ({long['turns']:,} turns: ±5 B a b-tree)", long["kept"],
-                    "{:,.0f} B", "≤ 1,536 B" if kind == "plain" else "",
-                    (lambda v: v <= 1536) if kind == "plain" else None)
     skipped = _get(r, "instructions.skipped")
     for phase, label in (("plain", "plain turns one after another"),
                          ("load100", "100 chats at once")):
