@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -58,12 +58,9 @@ _LEFT_OUT: dict[str, dict[str, Any]] = {
 _CALL_DEFAULTS: dict[str, Any] = {"added": 0, "shortened": []}
 
 
-_MISSING = object()
-
-
 def _lean(inbound: dict[str, Any]) -> dict[str, Any]:
     defaults = _DEFAULTS
-    return {k: v for k, v in inbound.items() if defaults.get(k, _MISSING) != v}
+    return {k: v for k, v in inbound.items() if k not in defaults or defaults[k] != v}
 
 
 _TEMPLATES: dict[str, str] = {}
@@ -82,49 +79,56 @@ def _template_hash(template: str) -> str:
 def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
          ) -> tuple[dict[str, Any], dict[str, str]]:
     """(the row's snapshot, the texts to store by hash, the frame among them)."""
-    frame: dict[str, Any] = {"top": {k: snapshot[k] for k in FRAME_TOP if k in snapshot}}
-    row = {k: v for k, v in snapshot.items() if k not in FRAME_TOP}
-    layers = snapshot.get("layers")
+    row = snapshot.copy()
+    frame: dict[str, Any] = {"top": {k: row.pop(k) for k in FRAME_TOP if k in row}}
+    layers = row.get("layers")
     if isinstance(layers, dict):
         # pairs: the frame's JSON sorts keys, the layers' order is the prompt's
-        frame["layers"] = [[k, None if k in TURN_LAYERS else v] for k, v in layers.items()]
-        row["layers"] = {k: v for k, v in layers.items() if k in TURN_LAYERS}
-    inputs = snapshot.get("inputs")
+        turn = TURN_LAYERS
+        frame["layers"] = [[k, None if k in turn else v] for k, v in layers.items()]
+        row["layers"] = {k: v for k, v in layers.items() if k in turn}
+    inputs = row.get("inputs")
     if isinstance(inputs, dict):
         frame["inputs"] = {k: inputs[k] for k in FRAME_INPUTS if k in inputs}
-        row["inputs"] = {k: v for k, v in inputs.items() if k not in FRAME_INPUTS}
+        own = row["inputs"] = inputs.copy()
+        for k in FRAME_INPUTS:
+            own.pop(k, None)
         if isinstance(inputs.get("inbound"), dict):
             inbound = _lean(inputs["inbound"])
             frame["inbound"] = {k: inbound.pop(k) for k in FRAME_INBOUND if k in inbound}
-            row["inputs"]["inbound"] = inbound
-    named = snapshot.get("texts")
-    stored = dict(texts or {})
+            own["inbound"] = inbound
+    named = row.get("texts")
+    stored = dict(texts) if texts else {}
     if isinstance(named, dict) and "system" in named:
         frame["system"] = named["system"]
-        row["texts"] = {k: v for k, v in named.items() if k != "system"}
-        runtime = row["texts"].get("runtime")
-        split = split_time(stored[runtime]) if runtime in stored else None
-        if split is not None:  # the template once (by its hash), the time in the row
+        own_texts = row["texts"] = named.copy()
+        del own_texts["system"]
+        runtime = own_texts.get("runtime")
+        split = split_time(stored[runtime]) if isinstance(runtime, str) and runtime in stored \
+            else None
+        if split is not None and isinstance(runtime, str):
+            # the template once (by its hash), the time in the row
             template, when = split
             shared = _template_hash(template)
             del stored[runtime]
             stored[shared] = template
-            row["texts"]["runtime"] = shared
+            own_texts["runtime"] = shared
             row[RUNTIME_TIME] = when
     present = {}
     for where, defaults in _LEFT_OUT.items():
-        part = row if not where else row.get(where)
+        part: dict[str, Any] | None = row if not where else row.get(where)
         if isinstance(part, dict):
-            if where:  # the row's own copy: the snapshot itself stays whole
-                part = row[where] = dict(part)
-            present[where] = [k for k in defaults if k in part]
-            for k in present[where]:
+            if where and snapshot.get(where) is part:  # the row's own copy: the snapshot
+                part = row[where] = dict(cast(dict[str, Any], part))  # itself stays whole
+            keys = present[where] = [k for k in defaults if k in part]
+            for k in keys:
                 if part[k] == defaults[k]:
                     del part[k]
     frame["defaults"] = present
     calls = row.get("calls")
     if isinstance(calls, list) and calls and all(
-            isinstance(c, dict) and {"added", "shortened", "tools"} <= c.keys() for c in calls):
+            isinstance(c, dict) and "added" in c and "shortened" in c and "tools" in c
+            for c in calls):
         tools = calls[0]["tools"]
         frame["calls"] = {"tools": tools}
         usual = {**_CALL_DEFAULTS, "tools": tools}
@@ -133,7 +137,8 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
     text = _dump(frame)
     digest = hashlib.sha256(text.encode()).hexdigest()
     row[FRAME] = digest
-    return row, {**stored, digest: text}
+    stored[digest] = text
+    return row, stored
 
 
 def split_time(text: str) -> tuple[str, str] | None:
