@@ -11,7 +11,10 @@ another in one chat (item 1's plain turn), and 100 chats at once (item 3's load,
 group commit and the long polls share work between turns); each chat's first turn (a new
 session) runs before the counting. The same run simulates the caches (``CACHES``) and
 reports the misses a turn beside the instructions: on this machine they, more than the
-instructions, set a turn's CPU. Without valgrind the section says so (``apt-get install
+instructions, set a turn's CPU. Valgrind hides the CPU's SHA instructions, so OpenSSL's SHA-256
+runs its software path here (28 instructions a byte, against 1.8 GB/s on the machine): a
+change that hashes less looks several times larger in these counts than in CPU seconds
+(``bench/RESULTS.md``, round twenty). Without valgrind the section says so (``apt-get install
 valgrind``); it never runs in the tests.
 """
 
