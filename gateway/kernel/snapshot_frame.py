@@ -104,9 +104,8 @@ def fold(snapshot: dict[str, Any], texts: dict[str, str] | None
         own_texts = row["texts"] = named.copy()
         del own_texts["system"]
         runtime = own_texts.get("runtime")
-        split = split_time(stored[runtime]) if isinstance(runtime, str) and runtime in stored \
-            else None
-        if split is not None and isinstance(runtime, str):
+        if isinstance(runtime, str) and runtime in stored \
+                and (split := split_time(stored[runtime])) is not None:
             # the template once (by its hash), the time in the row
             template, when = split
             shared = _template_hash(template)
