@@ -96,12 +96,22 @@ def checks(r: dict[str, Any]) -> list[Check]:
     add("1", "one-tool turn p50 / (2 × hello floor)",
         tool / (2 * hello) if tool and hello else None, "{:.2f}×", "≤ 1.5×",
         lambda v: v <= 1.5)
+    # Item 1's "≤ 1 ms of gateway CPU per plain turn" is the issue's own arithmetic: "the
+    # gateway's CPU per turn (~2.5 ms) caps one core at ~400 turns/s", i.e. the CPU a plain
+    # turn takes while the gateway is busy, whose inverse is one core's ceiling (1 ms ⇔ 1,000
+    # turns/s). At one chat the process also pays for sleeping twice a turn on a vCPU that
+    # halts (bench/skeleton.py's one-chat row: ~0.5 ms for the same I/O and nothing else).
+    add("1", "gateway CPU per plain turn, busy (100 chats of plain turns on the direct route: "
+        "one core's ceiling is its inverse)",
+        _get(r, "throughput.100.cpu_ms_per_turn.gateway"), "{:.2f} ms", "≤ 1 ms",
+        lambda v: v <= 1)
     for kind in ("plain", "tool"):
         add("1", f"{kind} turn: model call as the gateway timed it (p50)",
             _get(r, f"turns.{kind}.gateway_llm_call.p50_ms"), "{:.2f} ms", "", None)
-        add("1", f"{kind} turn: gateway CPU per turn (load {_load(r, f'turns.{kind}')})",
-            _get(r, f"turns.{kind}.cpu_ms_per_turn.gateway"), "{:.2f} ms",
-            "≤ 1 ms" if kind == "plain" else "", (lambda v: v <= 1) if kind == "plain" else None)
+        add("1", f"{kind} turn: gateway CPU per turn, one chat (load "
+            f"{_load(r, f'turns.{kind}')}; with the machine's price of two sleeps a turn: "
+            "the skeleton rows below)",
+            _get(r, f"turns.{kind}.cpu_ms_per_turn.gateway"), "{:.2f} ms", "", None)
         split = _get(r, f"turns.{kind}.compaction_split")
         if split and split["compacting"]:
             add("1", f"{kind}: {split['compacting_turns']} turn(s) waiting on a summary call, "
