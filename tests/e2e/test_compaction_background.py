@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
+import aiohttp
+
 from gateway.app import Gateway
+from tests.channels.webchat_page import Page, channel_of
 from tests.conftest import MakeConfig
 from tests.e2e.test_context_engine import is_flush_call, is_summary_call
 from tests.e2e.test_context_window import WORDS
@@ -105,3 +109,52 @@ async def test_a_shutdown_mid_summary_loses_nothing(make_config: MakeConfig,
         assert await gw.store.compaction(session.id) is None  # nothing of the cancelled one
         assert await gw.local.ask("c1", "number 5", timeout=10) == "reply 5"
         assert len(held) >= 2  # summarised again after the restart, by that turn or after
+
+
+async def test_a_turn_that_cannot_fit_waits_for_the_running_summary_and_says_so(
+        make_config: MakeConfig, llm: ScriptedLLM) -> None:
+    """More messages stored than the window reads while the background summary of them is
+    still running: the next turn cannot fit without it, so the chat is told in progress (a
+    WebChat page sees the line live), the turn waits for that summary and is built on it, and
+    the span is summarised once (the turn's own summary finds it done, not made twice)."""
+    turns = itertools.count(1)
+    gate = asyncio.Event()
+    held: list[dict[str, Any]] = []
+    turn_five: list[tuple[int, dict[str, Any]]] = []  # (summary calls made by then, request)
+
+    async def respond(body: dict[str, Any]) -> str:
+        if is_summary_call(body):
+            held.append(body)
+            await gate.wait()
+            return f"SUMMARY {len(held)}: the user counted from one."
+        if is_flush_call(body):
+            return "NO_REPLY"
+        n = next(turns)
+        if n == 5:
+            turn_five.append((len(held), body))
+        return f"reply {n}"
+
+    llm.respond_with(respond)
+    config = make_config(
+        channels={"webchat": {"enabled": True, "port": 0}},
+        agent={"context": {"max_recent_messages": 6, "compaction": {"memory_flush": False}}})
+    async with Gateway(config) as gw, aiohttp.ClientSession() as http:
+        assert gw.agent is not None
+        background = gw.agent.background
+        conn = await Page(http, str(channel_of(gw).base_url)).connect()
+        for i in range(1, 5):
+            await conn.message(f"number {i}", f"msg-{i:08d}")
+            assert (await conn.reply())["text"] == f"reply {i}"
+        await until(lambda: bool(held), "the background summary call")
+        await conn.message("number 5", "msg-00000005")
+        await conn.until(lambda f: f["type"] == "progress"
+                                    and f["text"] == "summarising the earlier conversation")
+        assert not [f for f in conn.seen if f["type"] == "message"
+                    and f["message"]["text"] == "reply 5"]
+        assert background.waited == 1 and len(held) == 1 and not turn_five
+        gate.set()
+        assert (await conn.reply())["text"] == "reply 5"
+    [(summaries_by_then, request)] = turn_five
+    assert summaries_by_then == 1  # the running one only: not summarised a second time
+    assert "SUMMARY 1: the user counted from one." in str(request["messages"][1]["content"])
+    assert "number 1" not in json.dumps(request["messages"])  # summarised, not repeated
