@@ -1,6 +1,7 @@
 """``bench/report.py``: each kind of turn gets its own storage rows, and the plain turn's
 kept bytes are judged against item 11's target (round eighteen's wake-up row had left them
-outside the loop over the kinds: only the tool turn's were shown, unjudged)."""
+outside the loop over the kinds: only the tool turn's were shown, unjudged); item 1's 1 ms
+is judged on the busy gateway, the one-chat series shown beside it."""
 
 from __future__ import annotations
 
