@@ -124,6 +124,12 @@ def _starts(encoded: list[bytes], at: int) -> list[int]:
 class _Held:
     start: int
     rows: HistoryRows
+    """The window itself, at most the limit: what ``history`` answers, as it is (a session
+    with more rows than the limit once held one more, to tell, and answered a copy without
+    it on every read: the whole window's bodies, digests and text copied each turn)."""
+    more: bool
+    """Whether older rows since ``start`` exist than ``rows`` hold (rows are only appended,
+    so once true it stays true until a compaction moves ``start``)."""
     version: int | None = None
     """The database's version (``Store.turn_version``) as of which these are all the rows
     there are; None: read what came since, next time."""
@@ -156,30 +162,33 @@ class HistoryCache:
                 and held.version == version:
             # nobody else wrote since, and this process's own rows came with their turns
             self._held.move_to_end(session_id)
-            return self._window(held.rows)
+            return held.rows, held.more
         rows = held.rows if held is not None else None
+        more = held.more if held is not None else False
         if held is not None and held.start < start and held.rows and held.rows[0].id <= start:
             # a compaction moved the start on within what is held: those rows are kept, not
-            # read and parsed again
-            rows = held.rows.without(bisect_left(held.rows, start, key=_row_id))
+            # read and parsed again (and nothing from the new start on is older than them)
+            rows, more = held.rows.without(bisect_left(held.rows, start, key=_row_id)), False
         elif held is not None and held.start != start:
             rows = None
         if rows is None:
-            rows = HistoryRows.of(await self.store.recent_messages(
-                session_id, self.limit + 1, from_id=start))
+            # one more than the limit read, only to tell whether there are more
+            now = self._capped(start, HistoryRows.of(await self.store.recent_messages(
+                session_id, self.limit + 1, from_id=start)), False, version)
         else:
             after = rows[-1].id + 1 if rows else start
             new = await self.store.recent_messages(session_id, self.limit + 1, from_id=after)
-            if new:  # carried forward: what came added, what left the window taken off
-                rows = rows.extended(new)
-                rows = rows.without(len(rows) - (self.limit + 1))
-        self._hold(session_id, _Held(start, rows, version), held)
-        return self._window(rows)
+            # carried forward: what came added, what left the window taken off
+            now = self._capped(start, rows.extended(new), more, version)
+        self._hold(session_id, now, held)
+        return now.rows, now.more
 
-    def _window(self, rows: HistoryRows) -> tuple[HistoryRows, bool]:
-        if len(rows) > self.limit:  # the oldest was read only to tell that there are more
-            return rows.without(1), True
-        return rows, False
+    def _capped(self, start: int, rows: HistoryRows, more: bool,
+                version: int | None) -> _Held:
+        """``rows`` held as a window of at most the limit, its oldest rows taken off."""
+        if len(rows) > self.limit:
+            return _Held(start, rows.without(len(rows) - self.limit), True, version)
+        return _Held(start, rows, more, version)
 
     def _hold(self, session_id: int, now: _Held, held: _Held | None) -> None:
         if held is not None:
@@ -201,6 +210,5 @@ class HistoryCache:
         if held.version != version or not rows or (held.rows and rows[0].id <= held.rows[-1].id):
             held.version = None
             return
-        added = held.rows.extended(rows)
-        added = added.without(len(added) - (self.limit + 1))
-        self._hold(session_id, _Held(held.start, added, version), held)
+        self._hold(session_id, self._capped(held.start, held.rows.extended(rows), held.more,
+                                            version), held)

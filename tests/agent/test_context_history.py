@@ -263,9 +263,13 @@ async def test_the_history_cache_counts_its_window_as_it_slides(tmp_path: Path) 
             rows, more = await cache.history(session, None)
             held = cache._held[session]
             assert held.tokens == sum(m.tokens for m in held.rows) == cache._tokens
-            assert len(held.rows) <= 4 and more == (len(held.rows) == 4)
+            # the window itself is held (no extra row): more once past the limit, and after
+            assert len(held.rows) <= 3 and rows is held.rows and more == held.more
+            assert more == (sum(1 + k % 2 for k in range(n + 1)) > 3)
             assert_carried(rows)
         assert [m.body["content"] for m in rows] == ["m7", "m7", "m8"]
+        again, more = await cache.history(session, None)
+        assert again is rows and more  # read again: the same window, not a copy of it
     finally:
         await store.close()
 
