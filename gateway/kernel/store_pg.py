@@ -70,29 +70,64 @@ messages in order."""
 
 class Cursor:
     """A statement's result, shaped like sqlite3's cursor: ``rowcount``, ``lastrowid``
-    (the generated id an ``INSERT`` returned), ``fetchone``/``fetchall``."""
+    (the generated id an ``INSERT`` returned), ``fetchone``/``fetchall``.
 
-    def __init__(self, cur: psycopg.Cursor[Any], returning: bool) -> None:
-        self.rowcount = cur.rowcount
-        self._rows: list[Any] = list(cur.fetchall()) if cur.description is not None else []
-        self.lastrowid: int | None = None
-        if returning:
-            self.lastrowid = self._rows[0][0] if self._rows else None
-            self._rows = []
+    Read at once, on the store's thread; in a pipelined write (``SyncConnection.pipelined``)
+    only when asked for: the statements before it are then sent and answered in one round
+    trip, and those after it wait for the next question or the write's end."""
+
+    __slots__ = ("_at", "_cur", "_lastrowid", "_pipe", "_returning", "_rowcount", "_rows")
+
+    def __init__(self, cur: psycopg.Cursor[Any], returning: bool,
+                 pipe: psycopg.Pipeline | None = None) -> None:
+        self._cur = cur
+        self._returning = returning
+        self._pipe = pipe
+        self._rows: list[Any] | None = None
         self._at = 0
+        if pipe is None:
+            self._load()
 
-    def fetchone(self) -> Any:
-        if self._at >= len(self._rows):
-            return None
-        self._at += 1
-        return self._rows[self._at - 1]
-
-    def fetchall(self) -> list[Any]:
-        rows, self._at = self._rows[self._at:], len(self._rows)
+    def _load(self) -> list[Any]:
+        rows = self._rows
+        if rows is None:
+            cur = self._cur
+            if cur.pgresult is None and self._pipe is not None:
+                self._pipe.sync()  # everything queued so far, in one round trip
+            self._rowcount = cur.rowcount
+            rows = list(cur.fetchall()) if cur.description is not None else []
+            self._lastrowid: int | None = None
+            if self._returning:
+                self._lastrowid = rows[0][0] if rows else None
+                rows = []
+            self._rows = rows
+            self._pipe = None
         return rows
 
+    @property
+    def rowcount(self) -> int:
+        self._load()
+        return self._rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        self._load()
+        return self._lastrowid
+
+    def fetchone(self) -> Any:
+        rows = self._load()
+        if self._at >= len(rows):
+            return None
+        self._at += 1
+        return rows[self._at - 1]
+
+    def fetchall(self) -> list[Any]:
+        rows = self._load()
+        out, self._at = rows[self._at:], len(rows)
+        return out
+
     def fetchmany(self, n: int) -> list[Any]:
-        rows = self._rows[self._at:self._at + n]
+        rows = self._load()[self._at:self._at + n]
         self._at += len(rows)
         return rows
 
@@ -105,12 +140,42 @@ class SyncConnection:
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._pipe: psycopg.Pipeline | None = None
+        self._lazy: list[Cursor] = []
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
         text, returning = to_postgres(sql)
-        with self._conn.cursor() as cur:
-            cur.execute(text, tuple(params))  # type: ignore[arg-type]  # rewritten text
-            return Cursor(cur, returning)
+        cur = self._conn.cursor()
+        cur.execute(text, tuple(params))  # type: ignore[arg-type]  # rewritten text
+        out = Cursor(cur, returning, self._pipe)
+        if self._pipe is not None:
+            self._lazy.append(out)
+        return out
+
+    def pipelined(self, fn: Callable[[SyncConnection], T]) -> T:
+        """``fn`` in one transaction whose statements go to the server without waiting
+        for each answer (psycopg's pipeline mode): a write of a dozen statements takes a round
+        trip for each result it reads, and one at its end, in place of one a statement and
+        two for BEGIN and COMMIT. Raises what any statement raised, and then leaves no
+        transaction open (rolled back)."""
+        conn = self._conn
+        try:
+            with conn.pipeline() as pipe:
+                self._pipe = pipe
+                conn.execute("BEGIN")
+                result = fn(self)
+                conn.execute("COMMIT")
+        except BaseException:
+            if not (conn.closed or conn.broken) and \
+                    conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            self._pipe = None
+            lazy, self._lazy = self._lazy, []
+        for cur in lazy:  # answered by now: read here, on the store's thread
+            cur._load()
+        return result
 
     def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
         batch = [tuple(r) for r in rows]
@@ -272,8 +337,7 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
                 entry.error = MessageTakenOver(str(entry.error).splitlines()[0])
 
     def _in_transaction(self, c: SyncConnection, fn: Callable[[Any], T]) -> T:
-        with self._conn.transaction():
-            return fn(c)
+        return c.pipelined(fn)
 
     def _batch_in_transaction(self, c: SyncConnection, batch: list[Any]) -> list[Any]:
         """On the store's thread: the ones to run alone (all of them) when the batch failed."""
@@ -284,8 +348,7 @@ class PgStore(SessionTables, QueueTables, SnapshotTables, UsageTables, SearchTab
                 batch[0].error = exc
             return []
         try:
-            with self._conn.transaction():
-                results = [entry.fn(c) for entry in batch]
+            results = c.pipelined(lambda c: [entry.fn(c) for entry in batch])
         except Exception as exc:
             if not (self._conn.closed or self._conn.broken):
                 return batch

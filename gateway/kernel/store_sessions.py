@@ -410,7 +410,9 @@ class SessionTables(LayerTexts):
             written = None
             if mine or (index is not None and not trigram):  # FTS5: indexed in batches
                 version = int(db.execute("PRAGMA data_version").fetchone()[0]) if mine else 0
-                ids = [db.execute(INSERT_MESSAGE, row).lastrowid or 0 for row in message_rows]
+                # every row sent before any id is read (PostgreSQL pipelines the write)
+                inserted = [db.execute(INSERT_MESSAGE, row) for row in message_rows]
+                ids = [cur.lastrowid or 0 for cur in inserted]
                 written = (ids, version) if mine else None
                 if index is not None and not trigram:
                     db.executemany(*index_statements(list(zip(

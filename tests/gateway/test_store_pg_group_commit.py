@@ -1,7 +1,9 @@
 """Group commit on PostgreSQL (issue 19, the cost of a turn): writes that queue while a
 transaction runs share the next one; each caller returns only after that COMMIT; one failing
 write does not fail the others; a batch whose connection was lost fails whole and is not run
-again (whether its COMMIT landed is unknown)."""
+again (whether its COMMIT landed is unknown). A write's statements are pipelined (sent without
+waiting for each answer, issue 24): a statement that fails with nothing read after it still
+fails its write, a write sees its own rows, and one that raises leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -69,3 +71,48 @@ async def test_a_batch_whose_connection_was_lost_fails_whole_and_is_not_run_agai
     assert await stored(store) == []  # nothing half-stored, nothing run a second time
     await store.write(insert(3))  # the store connects again for the next write
     assert await stored(store) == [3]
+
+
+def insert_only(*xs: int) -> Callable[[Any], None]:
+    """Stores each of ``xs`` and reads nothing back: no answer is waited for until the end."""
+    def fn(db: Any) -> None:
+        for x in xs:
+            db.execute("INSERT INTO t (x) VALUES (?)", (x,))
+    return fn
+
+
+async def test_a_statement_that_fails_with_nothing_read_after_it_fails_its_write(
+        store: Any) -> None:
+    await store.write(insert_only(1))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await store.write(insert_only(2, 1))  # the duplicate is the last statement sent
+    assert await stored(store) == [1]  # its first row went with it: one transaction
+    async with store.transaction():  # the same in a batch: the others are stored
+        writes = [asyncio.ensure_future(store.write(fn))
+                  for fn in (insert_only(3), insert_only(4, 1), insert_only(5))]
+        await asyncio.sleep(0)
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], psycopg.errors.UniqueViolation)
+    assert await stored(store) == [1, 3, 5]
+
+
+async def test_a_pipelined_write_reads_its_own_rows_and_one_that_raises_leaves_nothing(
+        store: Any) -> None:
+    def counted(db: Any) -> list[int]:
+        db.execute("INSERT INTO t (x) VALUES (?)", (10,))
+        db.execute("INSERT INTO t (x) VALUES (?)", (11,))
+        first = db.execute("SELECT COUNT(*) FROM t").fetchone()[0]
+        db.execute("INSERT INTO t (x) VALUES (?)", (12,))
+        return [first, db.execute("SELECT COUNT(*) FROM t").fetchone()[0]]
+
+    assert await store.write(counted) == [2, 3]
+
+    def broken(db: Any) -> None:
+        db.execute("INSERT INTO t (x) VALUES (?)", (20,))
+        raise RuntimeError("the write's own code failed")
+
+    with pytest.raises(RuntimeError):
+        await store.write(broken)
+    await store.write(insert_only(21))  # no transaction was left open: this one commits
+    assert await stored(store) == [10, 11, 12, 21]
