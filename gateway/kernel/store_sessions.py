@@ -363,8 +363,7 @@ class SessionTables(LayerTexts):
     async def save_turn(self, *, session_id: int, turn_id: str, inbound_id: str | None,
                         messages: list[NewMessage], status: str = "done",
                         error: str | None = None, calls: list[LLMCallRecord] | None = None,
-                        snapshot: dict[str, Any] | None = None,
-                        texts: dict[str, str] | None = None,
+                        snapshot: dict[str, Any] | None = None, texts: dict[str, str] | None = None,
                         started_at: datetime | None = None,
                         done: list[InboundMessage] | None = None,
                         outbound: list[tuple[OutboundMessage, datetime]] | None = None,
@@ -410,9 +409,8 @@ class SessionTables(LayerTexts):
             written = None
             if mine or (index is not None and not trigram):  # FTS5: indexed in batches
                 version = int(db.execute("PRAGMA data_version").fetchone()[0]) if mine else 0
-                # every row sent before any id is read (PostgreSQL pipelines the write)
-                inserted = [db.execute(INSERT_MESSAGE, row) for row in message_rows]
-                ids = [cur.lastrowid or 0 for cur in inserted]
+                inserts = [db.execute(INSERT_MESSAGE, row) for row in message_rows]  # then
+                ids = [cur.lastrowid or 0 for cur in inserts]  # read: PostgreSQL pipelines
                 written = (ids, version) if mine else None
                 if index is not None and not trigram:
                     db.executemany(*index_statements(list(zip(
