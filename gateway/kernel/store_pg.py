@@ -168,7 +168,13 @@ class SyncConnection:
         except BaseException:
             if not (conn.closed or conn.broken) and \
                     conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error as e:  # what failed first is what the caller hears;
+                    # a connection left inside a transaction is given up (the next call
+                    # connects again: ``PgStore._run``)
+                    _log.warning("PostgreSQL: rolling back a failed write failed too: %s", e)
+                    conn.close()
             raise
         finally:
             self._pipe = None
